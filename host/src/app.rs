@@ -1,0 +1,631 @@
+//! One baton host: the embedded log, the shared state environment, the runtime, the catalog
+//! replayed from the control log, and the partition tasks. The HTTP layer and the CLI call the
+//! operations here; nothing here knows about HTTP.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::thread::JoinHandle;
+
+use parking_lot::{Mutex, RwLock};
+use serde::Serialize;
+
+use crate::cluster::{
+    CONTROL_TOPIC, Catalog, ControlEvent, ModuleRecord, PipelineRecord, PipelineSpec, Start, now_ms,
+};
+use crate::error::{Error, Result};
+use crate::runtime::{Module, Runtime, WIT_PACKAGE, WIT_VERSION};
+use crate::state::{PartitionDb, StateEnv, slot_key};
+use crate::task::{PartitionStatus, PartitionTask, Phase, SlotProgress, TaskConfig};
+use crate::transport::embedded::EmbeddedLog;
+use crate::transport::partitioner::partition_for_key;
+use crate::transport::{LogRecord, Record};
+
+/// Settings of a host.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// Where the log, state, modules and compiled code live.
+    pub data_dir: PathBuf,
+    /// Bytes of RocksDB block cache and memtables shared by all partitions of the host.
+    pub state_memory: usize,
+    /// Partition loop tuning.
+    pub task: TaskConfig,
+    /// Name of this host in the partition table.
+    pub host_id: String,
+}
+
+impl HostConfig {
+    /// Defaults for `data_dir`.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        HostConfig {
+            data_dir: data_dir.into(),
+            state_memory: 512 << 20,
+            task: TaskConfig::default(),
+            host_id: "local".into(),
+        }
+    }
+}
+
+/// A running partition.
+pub struct PartitionHandle {
+    /// Partition id.
+    pub id: String,
+    /// Pipeline name.
+    pub pipeline: String,
+    /// Slots `[start, end)`.
+    pub slots: std::ops::Range<u32>,
+    /// Epoch: bumped on each change of owner or shape.
+    pub epoch: u64,
+    /// The database.
+    pub db: Arc<PartitionDb>,
+    /// Live status.
+    pub status: Arc<PartitionStatus>,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// A partition as `GET /api/v1/partitions` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PartitionInfo {
+    /// Partition id.
+    pub id: String,
+    /// Pipeline name.
+    pub pipeline: String,
+    /// `[start, end)`.
+    pub slots: [u32; 2],
+    /// Owning host.
+    pub owner: String,
+    /// Epoch.
+    pub epoch: u64,
+    /// `starting`, `running`, `stopped` or `failed`.
+    pub state: String,
+    /// Why it failed, when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Per input slot: next offset to process and the end of the topic partition.
+    pub offsets: Vec<SlotProgress>,
+    /// Records not yet processed.
+    pub lag: u64,
+    /// Records processed since the host started.
+    pub records: u64,
+    /// Records dead-lettered since the host started.
+    pub dead_letters: u64,
+    /// Last processing error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// A pipeline as `GET /api/v1/pipelines` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PipelineInfo {
+    /// The spec.
+    #[serde(flatten)]
+    pub spec: PipelineSpec,
+    /// sha256 of the running module.
+    pub sha256: String,
+    /// The dead-letter topic.
+    pub dlq: String,
+    /// Creation time (ms since the epoch).
+    pub created_at: i64,
+}
+
+/// The answer to a state lookup.
+#[derive(Debug, Clone, Serialize)]
+pub struct Lookup {
+    /// The key asked for.
+    pub key: String,
+    /// The value as UTF-8, or null when it is not UTF-8.
+    pub value: Option<String>,
+    /// The value in base64.
+    pub value_base64: String,
+    /// The value as a counter, when it has 8 bytes (Kafka's LongSerializer).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value_i64: Option<i64>,
+    /// The key's slot.
+    pub slot: u32,
+    /// The partition owning the slot.
+    pub partition: String,
+    /// The host owning the partition.
+    pub owner: String,
+}
+
+/// One record to produce.
+#[derive(Debug, Clone)]
+pub struct ProduceRecord {
+    /// Key; `None` spreads records over slots round-robin.
+    pub key: Option<Vec<u8>>,
+    /// Value; `None` is a tombstone.
+    pub value: Option<Vec<u8>>,
+    /// Headers.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// Timestamp; `None` is now.
+    pub timestamp: Option<i64>,
+}
+
+/// Where a produced record landed.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct Produced {
+    /// Slot (partition of the topic).
+    pub slot: u32,
+    /// Offset in it.
+    pub offset: u64,
+}
+
+/// A baton host.
+pub struct Baton {
+    config: HostConfig,
+    log: Arc<EmbeddedLog>,
+    state: Arc<StateEnv>,
+    runtime: Arc<Runtime>,
+    catalog: Mutex<Catalog>,
+    modules: RwLock<BTreeMap<String, Module>>,
+    partitions: RwLock<BTreeMap<String, Arc<PartitionHandle>>>,
+    round_robin: AtomicU32,
+    /// Serialises control-plane changes (uploads, pipeline creation).
+    control: Mutex<()>,
+}
+
+impl Baton {
+    /// Opens the host on its data directory: replays the control log, loads modules (from the
+    /// compiled-code cache) and starts every pipeline's partitions.
+    pub fn open(config: HostConfig) -> anyhow::Result<Arc<Self>> {
+        std::fs::create_dir_all(&config.data_dir)?;
+        let log = Arc::new(EmbeddedLog::open(&config.data_dir.join("log"))?);
+        let state = Arc::new(StateEnv::new(config.state_memory));
+        let runtime = Runtime::new(config.data_dir.join("compiled"))?;
+        std::fs::create_dir_all(config.data_dir.join("modules"))?;
+        log.ensure_topic(CONTROL_TOPIC, 1)?;
+        let mut catalog = Catalog::default();
+        let end = log.end_offset(CONTROL_TOPIC, 0)?;
+        let mut offset = 0;
+        while offset < end {
+            for r in log.read(CONTROL_TOPIC, 0, offset, 1024)? {
+                offset = r.offset + 1;
+                let bytes = r.record.value.unwrap_or_default();
+                let event: ControlEvent = serde_json::from_slice(&bytes).map_err(|e| {
+                    anyhow::anyhow!("control log record {} does not parse: {e}", r.offset)
+                })?;
+                catalog.apply(event);
+            }
+        }
+        let baton = Arc::new(Baton {
+            config,
+            log,
+            state,
+            runtime,
+            catalog: Mutex::new(Catalog::default()),
+            modules: RwLock::new(BTreeMap::new()),
+            partitions: RwLock::new(BTreeMap::new()),
+            round_robin: AtomicU32::new(0),
+            control: Mutex::new(()),
+        });
+        for m in catalog.modules.values() {
+            let bytes = std::fs::read(baton.module_path(&m.sha256))
+                .map_err(|e| anyhow::anyhow!("module {} {}: {e}", m.name, m.version))?;
+            let module = baton
+                .runtime
+                .load(&bytes)
+                .map_err(|e| anyhow::anyhow!("module {} {}: {e}", m.name, m.version))?;
+            baton.modules.write().insert(m.sha256.clone(), module);
+        }
+        let pipelines: Vec<PipelineRecord> = catalog.pipelines.values().cloned().collect();
+        *baton.catalog.lock() = catalog;
+        for p in pipelines {
+            baton.start_pipeline(Arc::new(p))?;
+        }
+        tracing::info!(data_dir = %baton.config.data_dir.display(), "baton host open");
+        Ok(baton)
+    }
+
+    /// The host's settings.
+    pub fn config(&self) -> &HostConfig {
+        &self.config
+    }
+
+    /// The log.
+    pub fn log(&self) -> &Arc<EmbeddedLog> {
+        &self.log
+    }
+
+    /// The shared state environment.
+    pub fn state_env(&self) -> &Arc<StateEnv> {
+        &self.state
+    }
+
+    fn module_path(&self, sha256: &str) -> PathBuf {
+        self.config
+            .data_dir
+            .join("modules")
+            .join(format!("{sha256}.wasm"))
+    }
+
+    fn append_control(&self, event: &ControlEvent) -> Result<()> {
+        let value = serde_json::to_vec(event).map_err(|e| Error::Internal(e.to_string()))?;
+        let record = Record {
+            key: None,
+            value: Some(value),
+            headers: vec![],
+            timestamp: now_ms(),
+        };
+        self.log.append(CONTROL_TOPIC, 0, &[record], None, true)?;
+        Ok(())
+    }
+
+    /// Validates a component against the world, stores it by content and registers
+    /// `name`/`version`. Re-uploading identical bytes under the same name and version is a no-op.
+    pub fn upload_module(&self, name: &str, version: &str, bytes: &[u8]) -> Result<ModuleRecord> {
+        let ok = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 64
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        };
+        if !ok(name) {
+            return Err(Error::BadRequest(format!(
+                "invalid module name `{name}`: use 1 to 64 ASCII letters, digits, '-', '_' and '.'"
+            )));
+        }
+        if !ok(version) {
+            return Err(Error::BadRequest(format!(
+                "invalid version `{version}`: use 1 to 64 ASCII letters, digits, '-', '_' and '.'"
+            )));
+        }
+        let module = self.runtime.load(bytes)?;
+        let _g = self.control.lock();
+        if let Some(existing) = self
+            .catalog
+            .lock()
+            .modules
+            .get(&(name.to_string(), version.to_string()))
+        {
+            return if existing.sha256 == module.sha256 {
+                Ok(existing.clone())
+            } else {
+                Err(Error::Conflict(format!(
+                    "module {name} version {version} already exists with other content (sha256 {}); upload under a new version",
+                    existing.sha256
+                )))
+            };
+        }
+        let path = self.module_path(&module.sha256);
+        if !path.exists() {
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, bytes)
+                .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
+                .and_then(|_| std::fs::rename(&tmp, &path))
+                .map_err(|e| Error::Internal(format!("storing module: {e}")))?;
+        }
+        let record = ModuleRecord {
+            name: name.to_string(),
+            version: version.to_string(),
+            sha256: module.sha256.clone(),
+            size: module.size,
+            wit: format!("{WIT_PACKAGE}@{WIT_VERSION}"),
+            uploaded_at: now_ms(),
+        };
+        self.append_control(&ControlEvent::Module(record.clone()))?;
+        self.modules.write().insert(module.sha256.clone(), module);
+        self.catalog
+            .lock()
+            .apply(ControlEvent::Module(record.clone()));
+        tracing::info!(name, version, sha256 = %record.sha256, "module registered");
+        Ok(record)
+    }
+
+    /// Every module version.
+    pub fn modules(&self) -> Vec<ModuleRecord> {
+        self.catalog.lock().modules.values().cloned().collect()
+    }
+
+    /// Creates a pipeline: checks the spec, creates missing topics, records it in the control
+    /// log and starts its partitions.
+    pub fn create_pipeline(&self, spec: PipelineSpec) -> Result<PipelineInfo> {
+        spec.validate().map_err(Error::BadRequest)?;
+        let _g = self.control.lock();
+        let sha256 = {
+            let catalog = self.catalog.lock();
+            if catalog.pipelines.contains_key(&spec.name) {
+                return Err(Error::Conflict(format!(
+                    "pipeline `{}` already exists",
+                    spec.name
+                )));
+            }
+            match catalog
+                .modules
+                .get(&(spec.module.clone(), spec.version.clone()))
+            {
+                Some(m) => m.sha256.clone(),
+                None => {
+                    return Err(Error::BadRequest(format!(
+                        "module `{}` version `{}` is not uploaded; POST it to /api/v1/modules?name={}&version={} first",
+                        spec.module, spec.version, spec.module, spec.version
+                    )));
+                }
+            }
+        };
+        // Check every topic before creating any, so that a refusal leaves nothing behind.
+        let dlq = spec.dlq_topic();
+        let topics: Vec<&str> = spec
+            .inputs
+            .iter()
+            .chain(spec.outputs.iter())
+            .map(String::as_str)
+            .chain([dlq.as_str()])
+            .collect();
+        for t in &topics {
+            if let Some(actual) = self.log.partitions(t)
+                && actual != spec.slots
+            {
+                return Err(Error::Conflict(format!(
+                    "topic `{t}` exists with {actual} partitions, but pipeline `{}` has {} slots and needs one partition per slot; \
+                     use slots = {actual} or another topic",
+                    spec.name, spec.slots
+                )));
+            }
+        }
+        for t in &topics {
+            self.log.ensure_topic(t, spec.slots)?;
+        }
+        let mut start_offsets = BTreeMap::new();
+        if spec.start == Start::Latest {
+            for t in &spec.inputs {
+                let ends = (0..spec.slots)
+                    .map(|s| self.log.end_offset(t, s))
+                    .collect::<Result<Vec<_>, _>>()?;
+                start_offsets.insert(t.clone(), ends);
+            }
+        }
+        let record = PipelineRecord {
+            spec,
+            sha256,
+            start_offsets,
+            created_at: now_ms(),
+        };
+        self.append_control(&ControlEvent::Pipeline(record.clone()))?;
+        self.catalog
+            .lock()
+            .apply(ControlEvent::Pipeline(record.clone()));
+        let info = pipeline_info(&record);
+        self.start_pipeline(Arc::new(record))
+            .map_err(|e| Error::Internal(format!("{e:#}")))?;
+        Ok(info)
+    }
+
+    /// Every pipeline.
+    pub fn pipelines(&self) -> Vec<PipelineInfo> {
+        self.catalog
+            .lock()
+            .pipelines
+            .values()
+            .map(pipeline_info)
+            .collect()
+    }
+
+    /// One pipeline.
+    pub fn pipeline(&self, name: &str) -> Result<PipelineRecord> {
+        self.catalog
+            .lock()
+            .pipelines
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("pipeline `{name}` does not exist")))
+    }
+
+    fn start_pipeline(&self, record: Arc<PipelineRecord>) -> anyhow::Result<()> {
+        let module = self
+            .modules
+            .read()
+            .get(&record.sha256)
+            .cloned()
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "module {} of pipeline {} is not loaded",
+                    record.sha256,
+                    record.spec.name
+                )
+            })?;
+        for (i, slots) in record.spec.initial_ranges().into_iter().enumerate() {
+            let id = format!("{}-{i}", record.spec.name);
+            let path = self
+                .config
+                .data_dir
+                .join("state")
+                .join(&record.spec.name)
+                .join(&id);
+            let db = Arc::new(self.state.open_partition(&path, &record.spec.stores)?);
+            let status = Arc::new(PartitionStatus::new());
+            let stop = Arc::new(AtomicBool::new(false));
+            let task = PartitionTask {
+                id: id.clone(),
+                pipeline: record.clone(),
+                slots: slots.clone(),
+                db: db.clone(),
+                log: self.log.clone(),
+                runtime: self.runtime.clone(),
+                module: module.clone(),
+                config: self.config.task.clone(),
+                status: status.clone(),
+                stop: stop.clone(),
+            };
+            let thread = std::thread::Builder::new()
+                .name(format!("baton-{id}"))
+                .spawn(move || task.run())?;
+            let handle = PartitionHandle {
+                id: id.clone(),
+                pipeline: record.spec.name.clone(),
+                slots,
+                epoch: 1,
+                db,
+                status,
+                stop,
+                thread: Mutex::new(Some(thread)),
+            };
+            self.partitions.write().insert(id, Arc::new(handle));
+        }
+        Ok(())
+    }
+
+    /// The partition table.
+    pub fn partitions(&self) -> Vec<PartitionInfo> {
+        self.partitions
+            .read()
+            .values()
+            .map(|h| {
+                let offsets = h.status.progress.lock().clone();
+                let lag = offsets.iter().map(|o| o.end.saturating_sub(o.offset)).sum();
+                let (state, error) = match &*h.status.phase.lock() {
+                    Phase::Starting => ("starting".to_string(), None),
+                    Phase::Running => ("running".to_string(), None),
+                    Phase::Stopped => ("stopped".to_string(), None),
+                    Phase::Failed(e) => ("failed".to_string(), Some(e.clone())),
+                };
+                PartitionInfo {
+                    id: h.id.clone(),
+                    pipeline: h.pipeline.clone(),
+                    slots: [h.slots.start, h.slots.end],
+                    owner: self.config.host_id.clone(),
+                    epoch: h.epoch,
+                    state,
+                    error,
+                    offsets,
+                    lag,
+                    records: h.status.records.load(Ordering::Relaxed),
+                    dead_letters: h.status.dead_letters.load(Ordering::Relaxed),
+                    last_error: h.status.last_error.lock().clone(),
+                }
+            })
+            .collect()
+    }
+
+    /// Appends records to `topic`; each goes to slot murmur2(key) mod partitions (round-robin
+    /// without a key). Returns once they are on disk.
+    pub fn produce(&self, topic: &str, records: Vec<ProduceRecord>) -> Result<Vec<Produced>> {
+        let partitions = self.log.partitions(topic).ok_or_else(|| {
+            Error::NotFound(format!(
+                "topic `{topic}` does not exist; create a pipeline that reads it first"
+            ))
+        })?;
+        let now = now_ms();
+        let mut by_slot: BTreeMap<u32, Vec<(usize, Record)>> = BTreeMap::new();
+        let n = records.len();
+        for (i, r) in records.into_iter().enumerate() {
+            let slot = match &r.key {
+                Some(k) => partition_for_key(k, partitions),
+                None => self.round_robin.fetch_add(1, Ordering::Relaxed) % partitions,
+            };
+            let record = Record {
+                key: r.key,
+                value: r.value,
+                headers: r.headers,
+                timestamp: r.timestamp.unwrap_or(now),
+            };
+            by_slot.entry(slot).or_default().push((i, record));
+        }
+        let mut out = vec![Produced { slot: 0, offset: 0 }; n];
+        for (slot, recs) in by_slot {
+            let (idx, recs): (Vec<usize>, Vec<Record>) = recs.into_iter().unzip();
+            let first = match self.log.append(topic, slot, &recs, None, true)? {
+                crate::transport::embedded::Appended::At(o) => o,
+                crate::transport::embedded::Appended::Duplicate => {
+                    unreachable!("appends without a producer are never duplicates")
+                }
+            };
+            for (j, i) in idx.into_iter().enumerate() {
+                out[i] = Produced {
+                    slot,
+                    offset: first + j as u64,
+                };
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads records of one slot of `topic`.
+    pub fn read_records(
+        &self,
+        topic: &str,
+        slot: u32,
+        offset: u64,
+        limit: usize,
+    ) -> Result<(Vec<LogRecord>, u64)> {
+        let records = self.log.read(topic, slot, offset, limit)?;
+        let end = self.log.end_offset(topic, slot)?;
+        Ok((records, end))
+    }
+
+    /// Looks up `key` in `store` of `pipeline`: `Ok(None)` when the key is missing.
+    pub fn lookup(&self, pipeline: &str, store: &str, key: &[u8]) -> Result<Option<Lookup>> {
+        let record = self.pipeline(pipeline)?;
+        let store_id = record
+            .spec
+            .stores
+            .iter()
+            .position(|s| s == store)
+            .ok_or_else(|| {
+                Error::NotFound(format!(
+                    "pipeline `{pipeline}` has no store `{store}`; its stores: [{}]",
+                    record.spec.stores.join(", ")
+                ))
+            })?;
+        let slot = partition_for_key(key, record.spec.slots);
+        let handle = self
+            .partitions
+            .read()
+            .values()
+            .find(|h| h.pipeline == pipeline && h.slots.contains(&slot))
+            .cloned()
+            .ok_or_else(|| {
+                Error::Internal(format!("no partition of `{pipeline}` owns slot {slot}"))
+            })?;
+        let Some(value) = handle.db.get(store_id, &slot_key(slot, key))? else {
+            return Ok(None);
+        };
+        use base64::Engine as _;
+        Ok(Some(Lookup {
+            key: String::from_utf8_lossy(key).into_owned(),
+            value: String::from_utf8(value.clone()).ok(),
+            value_base64: base64::engine::general_purpose::STANDARD.encode(&value),
+            value_i64: <[u8; 8]>::try_from(value.as_slice())
+                .ok()
+                .map(i64::from_be_bytes),
+            slot,
+            partition: handle.id.clone(),
+            owner: self.config.host_id.clone(),
+        }))
+    }
+
+    /// Stops every partition at its next batch boundary and waits for them.
+    pub fn shutdown(&self) {
+        let parts: Vec<_> = self.partitions.read().values().cloned().collect();
+        for p in &parts {
+            p.stop.store(true, Ordering::Relaxed);
+        }
+        for p in &parts {
+            if let Some(t) = p.thread.lock().take() {
+                let _ = t.join();
+            }
+        }
+        tracing::info!("baton host stopped");
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.config.data_dir
+    }
+}
+
+impl Drop for Baton {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn pipeline_info(r: &PipelineRecord) -> PipelineInfo {
+    PipelineInfo {
+        dlq: r.spec.dlq_topic(),
+        spec: r.spec.clone(),
+        sha256: r.sha256.clone(),
+        created_at: r.created_at,
+    }
+}

@@ -1,0 +1,205 @@
+//! Pipeline specs: what a user asks for, checked before anything is created.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+
+use crate::transport::validate_topic_name;
+
+/// Delivery guarantee of a pipeline.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Guarantee {
+    /// Each input record affects state and outputs exactly once (default).
+    #[default]
+    ExactlyOnce,
+    /// No record is lost; after a crash some may be processed again.
+    AtLeastOnce,
+}
+
+/// Where a new pipeline starts reading its inputs.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Start {
+    /// From the first record (default).
+    #[default]
+    Earliest,
+    /// From the end at creation time.
+    Latest,
+}
+
+/// The body of `POST /api/v1/pipelines`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSpec {
+    /// `name = "word-count"`: letters, digits, `-` and `_`, at most 64.
+    pub name: String,
+    /// `module = "word-count"`: a module uploaded before.
+    pub module: String,
+    /// `version = "1"`: a version of that module.
+    pub version: String,
+    /// `inputs = ["words"]`: source topics, each with `slots` partitions.
+    pub inputs: Vec<String>,
+    /// `outputs = ["shouting"]`: topics the processor may send to.
+    #[serde(default)]
+    pub outputs: Vec<String>,
+    /// `stores = ["counts"]`: state stores the processor may open.
+    #[serde(default)]
+    pub stores: Vec<String>,
+    /// `slots = 8`: partitions of the source topics; fixed for the pipeline's life.
+    #[serde(default = "default_slots")]
+    pub slots: u32,
+    /// `partitions = 1`: how many partitions (slot ranges) to start with.
+    #[serde(default = "default_partitions")]
+    pub partitions: u32,
+    /// `guarantee = "exactly-once"` or `"at-least-once"`.
+    #[serde(default)]
+    pub guarantee: Guarantee,
+    /// `config = { output = "shouting" }`: handed to the processor's `init`.
+    #[serde(default)]
+    pub config: serde_json::Map<String, serde_json::Value>,
+    /// `start = "earliest"` or `"latest"`.
+    #[serde(default)]
+    pub start: Start,
+}
+
+fn default_slots() -> u32 {
+    8
+}
+
+fn default_partitions() -> u32 {
+    1
+}
+
+/// Most slots a pipeline may have.
+pub const MAX_SLOTS: u32 = 4096;
+
+fn valid_name(s: &str, max: usize) -> bool {
+    !s.is_empty()
+        && s.len() <= max
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+impl PipelineSpec {
+    /// Checks everything that can be checked without the catalog; the message says how to fix it.
+    pub fn validate(&self) -> Result<(), String> {
+        if !valid_name(&self.name, 64) {
+            return Err(format!(
+                "invalid pipeline name `{}`: use 1 to 64 ASCII letters, digits, '-' and '_'",
+                self.name
+            ));
+        }
+        if self.inputs.is_empty() {
+            return Err("`inputs` must name at least one topic".into());
+        }
+        for t in self.inputs.iter().chain(self.outputs.iter()) {
+            validate_topic_name(t).map_err(|e| e.to_string())?;
+            if t.starts_with("baton.") {
+                return Err(format!(
+                    "topic `{t}`: names starting with `baton.` are reserved for baton"
+                ));
+            }
+        }
+        if let Some(t) = self.outputs.iter().find(|t| self.inputs.contains(t)) {
+            return Err(format!("topic `{t}` is both an input and an output"));
+        }
+        for s in &self.stores {
+            if !valid_name(s, 64) {
+                return Err(format!(
+                    "invalid store name `{s}`: use 1 to 64 ASCII letters, digits, '-' and '_'"
+                ));
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        if let Some(d) = self.stores.iter().find(|s| !seen.insert(*s)) {
+            return Err(format!("store `{d}` is declared twice"));
+        }
+        if self.slots == 0 || self.slots > MAX_SLOTS {
+            return Err(format!(
+                "`slots` must be between 1 and {MAX_SLOTS}, not {}",
+                self.slots
+            ));
+        }
+        if self.partitions == 0 || self.partitions > self.slots {
+            return Err(format!(
+                "`partitions` must be between 1 and `slots` ({}), not {}",
+                self.slots, self.partitions
+            ));
+        }
+        Ok(())
+    }
+
+    /// The dead-letter topic.
+    pub fn dlq_topic(&self) -> String {
+        format!("baton.{}.dlq", self.name)
+    }
+
+    /// The config as pairs for `init`: strings as they are, other values as JSON text.
+    pub fn config_pairs(&self) -> Vec<(String, String)> {
+        self.config
+            .iter()
+            .map(|(k, v)| {
+                let s = match v {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                (k.clone(), s)
+            })
+            .collect()
+    }
+
+    /// The initial slot ranges: `partitions` contiguous ranges of near-equal size.
+    pub fn initial_ranges(&self) -> Vec<Range<u32>> {
+        let (s, p) = (self.slots as u64, self.partitions as u64);
+        (0..p)
+            .map(|i| (i * s / p) as u32..((i + 1) * s / p) as u32)
+            .collect()
+    }
+}
+
+/// A created pipeline as the control log records it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineRecord {
+    /// The spec as accepted.
+    pub spec: PipelineSpec,
+    /// sha256 of the module version the pipeline runs.
+    pub sha256: String,
+    /// Per input topic, per slot: the offset to start from when a slot has no committed offset.
+    pub start_offsets: BTreeMap<String, Vec<u64>>,
+    /// Creation time, milliseconds since the Unix epoch.
+    pub created_at: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> PipelineSpec {
+        serde_json::from_value(serde_json::json!({
+            "name": "wc", "module": "word-count", "version": "1", "inputs": ["words"],
+            "stores": ["counts"], "slots": 8, "partitions": 3
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn ranges_cover_all_slots() {
+        let r = spec().initial_ranges();
+        assert_eq!(r, vec![0..2, 2..5, 5..8]);
+    }
+
+    #[test]
+    fn validation_names_the_problem() {
+        let mut s = spec();
+        assert!(s.validate().is_ok());
+        s.partitions = 9;
+        assert!(s.validate().unwrap_err().contains("partitions"));
+        let bad: Result<PipelineSpec, _> = serde_json::from_value(serde_json::json!({
+            "name": "wc", "module": "m", "version": "1", "inputs": ["a"], "colour": "red"
+        }));
+        assert!(bad.unwrap_err().to_string().contains("colour"));
+    }
+}

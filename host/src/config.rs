@@ -1,0 +1,79 @@
+//! The `baton run` configuration: a TOML file whose every field is also a flag.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// The config file of `baton run --config FILE`. Flags given on the command line win.
+#[derive(Debug, Default, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// `data_dir = "/var/lib/baton"`: where the log, state and modules live.
+    pub data_dir: Option<PathBuf>,
+    /// `http = "127.0.0.1:8080"`: the address of the API and dashboard.
+    pub http: Option<SocketAddr>,
+    /// `state_memory = "512MiB"`: RocksDB memory bound shared by all partitions of the host.
+    pub state_memory: Option<String>,
+    /// `max_batch = 8192`: most records per committed batch.
+    pub max_batch: Option<usize>,
+    /// `max_call = 512`: most records per guest call.
+    pub max_call: Option<usize>,
+}
+
+impl FileConfig {
+    /// Reads and parses a config file; the error names the file and the problem.
+    pub fn load(path: &std::path::Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("config file {}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))
+    }
+}
+
+/// Parses a size such as `512MiB`, `1GiB`, `64MB` or a plain number of bytes.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: usize = num
+        .parse()
+        .map_err(|_| format!("size `{s}`: expected a number with an optional unit like 512MiB"))?;
+    let mult: usize = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        other => {
+            return Err(format!(
+                "size `{s}`: unknown unit `{other}`; use B, KiB, MiB or GiB"
+            ));
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size `{s}` is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
+        assert_eq!(parse_size("100").unwrap(), 100);
+        assert!(
+            parse_size("12 parsecs")
+                .unwrap_err()
+                .contains("unknown unit")
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let e = toml::from_str::<FileConfig>("colour = 1")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("colour"), "{e}");
+    }
+}

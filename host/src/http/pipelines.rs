@@ -1,0 +1,60 @@
+//! `/api/v1/pipelines`: create and list pipelines, and look up state by key.
+
+use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+
+use super::{ApiError, AppState, blocking};
+use crate::app::{Lookup, PipelineInfo};
+use crate::cluster::PipelineSpec;
+use crate::error::Error;
+
+pub(super) fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/pipelines", post(create).get(list))
+        .route("/api/v1/pipelines/{pipeline}", get(show))
+        .route(
+            "/api/v1/pipelines/{pipeline}/stores/{store}/keys/{key}",
+            get(lookup),
+        )
+}
+
+async fn create(
+    State(baton): State<AppState>,
+    spec: Result<Json<PipelineSpec>, JsonRejection>,
+) -> Result<(StatusCode, Json<PipelineInfo>), ApiError> {
+    let Json(spec) = spec?;
+    let info = blocking(move || baton.create_pipeline(spec)).await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+async fn list(State(baton): State<AppState>) -> Json<Vec<PipelineInfo>> {
+    Json(baton.pipelines())
+}
+
+async fn show(
+    State(baton): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<PipelineInfo>, ApiError> {
+    let name2 = name.clone();
+    baton
+        .pipelines()
+        .into_iter()
+        .find(|p| p.spec.name == name)
+        .map(Json)
+        .ok_or_else(|| Error::NotFound(format!("pipeline `{name2}` does not exist")).into())
+}
+
+async fn lookup(
+    State(baton): State<AppState>,
+    path: Result<Path<(String, String, String)>, PathRejection>,
+) -> Result<Json<Lookup>, ApiError> {
+    let Path((pipeline, store, key)) = path?;
+    let k = key.clone();
+    let found = blocking(move || baton.lookup(&pipeline, &store, k.as_bytes())).await?;
+    found
+        .map(Json)
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("key `{key}` not found")))
+}

@@ -1,0 +1,118 @@
+//! The `baton` binary.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+use baton::config::{FileConfig, parse_size};
+use baton::{Baton, HostConfig};
+
+#[derive(Parser)]
+#[command(
+    name = "baton",
+    version,
+    about = "A host for stateful stream processors written as WebAssembly components"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs a host: the API and dashboard, and every pipeline's partitions.
+    Run(RunArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Config file (TOML); flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Where the log, state and modules live [default: ./baton-data].
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Address of the API and dashboard [default: 127.0.0.1:8080]; port 0 picks a free one.
+    #[arg(long)]
+    http: Option<SocketAddr>,
+    /// RocksDB memory shared by all partitions, e.g. 512MiB [default: 512MiB].
+    #[arg(long)]
+    state_memory: Option<String>,
+    /// Most records per committed batch [default: 8192].
+    #[arg(long)]
+    max_batch: Option<usize>,
+    /// Most records per guest call [default: 512].
+    #[arg(long)]
+    max_call: Option<usize>,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BATON_LOG")
+                .unwrap_or_else(|_| "info,wasmtime=warn,cranelift_codegen=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Run(args) => run(args),
+    }
+}
+
+fn run(args: RunArgs) -> anyhow::Result<()> {
+    let file = match &args.config {
+        Some(p) => FileConfig::load(p).map_err(anyhow::Error::msg)?,
+        None => FileConfig::default(),
+    };
+    let data_dir = args
+        .data_dir
+        .or(file.data_dir)
+        .unwrap_or_else(|| PathBuf::from("baton-data"));
+    let http = args
+        .http
+        .or(file.http)
+        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
+    let mut config = HostConfig::new(&data_dir);
+    if let Some(m) = args.state_memory.or(file.state_memory) {
+        config.state_memory = parse_size(&m).map_err(|e| anyhow::anyhow!("--state-memory: {e}"))?;
+    }
+    if let Some(n) = args.max_batch.or(file.max_batch) {
+        anyhow::ensure!(n > 0, "--max-batch must be at least 1");
+        config.task.max_batch = n;
+    }
+    if let Some(n) = args.max_call.or(file.max_call) {
+        anyhow::ensure!(n > 0, "--max-call must be at least 1");
+        config.task.max_call = n;
+    }
+    let baton =
+        Baton::open(config).with_context(|| format!("opening data dir {}", data_dir.display()))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .worker_threads(2)
+        .build()?;
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(http)
+            .await
+            .with_context(|| format!("binding {http}"))?;
+        let addr = listener.local_addr()?;
+        std::fs::write(data_dir.join("baton.addr"), addr.to_string())?;
+        tracing::info!("baton listening on http://{addr}");
+        axum::serve(listener, baton::http::router(baton.clone()))
+            .with_graceful_shutdown(shutdown_signal())
+            .await?;
+        anyhow::Ok(())
+    })?;
+    baton.shutdown();
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+    }
+    tracing::info!("shutting down at the next batch boundary");
+}

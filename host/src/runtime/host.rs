@@ -1,0 +1,391 @@
+//! The host side of the processor world: the state, output and log imports, implemented over
+//! the batch context of the partition task that owns the instance.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use wasmtime::component::{Resource, ResourceTable};
+use wasmtime::{ResourceLimiter, StoreLimits};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::bindings::baton::processor::{log, output, state, types};
+use super::stderr::StderrTail;
+use crate::state::{Overlay, PartitionDb, slot_key};
+use crate::transport::Record;
+
+type Error = types::Error;
+
+/// Bytes of guest stderr kept per instance, shown with a trap.
+const STDERR_TAIL: usize = 1024;
+
+/// A WASI context that grants nothing (no preopened directories, environment, arguments or
+/// sockets) and captures stderr.
+fn new_wasi() -> (WasiCtx, StderrTail) {
+    let stderr = StderrTail::new(STDERR_TAIL);
+    let wasi = WasiCtx::builder().stderr(stderr.clone()).build();
+    (wasi, stderr)
+}
+
+/// The guest's handle on a store: the store id within the partition database.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreHandle {
+    store: usize,
+}
+
+/// A record a guest sent to an output topic during the batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output {
+    /// Destination topic.
+    pub topic: String,
+    /// Destination partition.
+    pub partition: u32,
+    /// The record.
+    pub record: Record,
+}
+
+/// Where the record being processed came from, for logs and dead letters.
+#[derive(Debug, Clone, Default)]
+pub struct Cursor {
+    /// Input topic.
+    pub topic: String,
+    /// Slot.
+    pub slot: u32,
+    /// Offset of the first record of the current call.
+    pub offset: u64,
+    /// Timestamp of the first record of the current call.
+    pub timestamp: i64,
+}
+
+/// A guest log line, kept for the pipeline's event list.
+#[derive(Debug, Clone)]
+pub struct GuestLog {
+    /// Level name.
+    pub level: &'static str,
+    /// Message.
+    pub message: String,
+    /// Where it was logged.
+    pub cursor: Cursor,
+}
+
+/// Everything an instance's imports reach: WASI (nothing granted), limits, and the batch.
+pub struct HostCtx {
+    wasi: WasiCtx,
+    /// What the guest wrote to stderr (a Rust panic message, say), kept to explain traps.
+    stderr: StderrTail,
+    table: ResourceTable,
+    limits: StoreLimits,
+    pipeline: Arc<str>,
+    db: Arc<PartitionDb>,
+    /// Declared output topics and their partition counts.
+    outputs_allowed: Arc<HashMap<String, u32>>,
+    /// Writes of the current batch.
+    pub overlay: Overlay,
+    /// Outputs of the current batch; those past `call_start` belong to the current call.
+    pub outputs: Vec<Output>,
+    call_start: usize,
+    /// The record being processed.
+    pub cursor: Cursor,
+    /// Guest log lines since they were last taken.
+    pub logs: Vec<GuestLog>,
+}
+
+impl HostCtx {
+    /// A context for a partition's instance.
+    pub fn new(
+        pipeline: Arc<str>,
+        db: Arc<PartitionDb>,
+        outputs_allowed: Arc<HashMap<String, u32>>,
+        memory_limit: usize,
+    ) -> Self {
+        let (wasi, stderr) = new_wasi();
+        HostCtx {
+            wasi,
+            stderr,
+            table: ResourceTable::new(),
+            limits: wasmtime::StoreLimitsBuilder::new()
+                .memory_size(memory_limit)
+                .instances(4)
+                .build(),
+            pipeline,
+            db,
+            outputs_allowed,
+            overlay: Overlay::default(),
+            outputs: Vec::new(),
+            call_start: 0,
+            cursor: Cursor::default(),
+            logs: Vec::new(),
+        }
+    }
+
+    /// The memory limiter of the store.
+    pub fn limiter(&mut self) -> &mut dyn ResourceLimiter {
+        &mut self.limits
+    }
+
+    /// Marks the start of a guest call (its writes and outputs can be dropped alone).
+    pub fn begin_call(&mut self, cursor: Cursor) {
+        self.cursor = cursor;
+        self.call_start = self.outputs.len();
+    }
+
+    /// Keeps the call's writes and outputs.
+    pub fn keep_call(&mut self) {
+        self.overlay.keep_call();
+        self.call_start = self.outputs.len();
+    }
+
+    /// Drops the call's writes and outputs.
+    pub fn drop_call(&mut self) {
+        self.overlay.drop_call();
+        self.outputs.truncate(self.call_start);
+    }
+
+    /// Adds a dead letter to the batch's outputs (not part of any call).
+    pub fn push_dead_letter(&mut self, o: Output) {
+        self.outputs.push(o);
+        self.call_start = self.outputs.len();
+    }
+
+    /// Forgets the resources and WASI state of a dropped instance before a new one is made.
+    pub fn reset_instance_resources(&mut self) {
+        self.table = ResourceTable::new();
+        (self.wasi, self.stderr) = new_wasi();
+    }
+
+    /// The last bytes the guest wrote to stderr, on one line.
+    pub fn stderr_tail(&self) -> String {
+        self.stderr.text()
+    }
+
+    fn read(&self, store: usize, key: &[u8]) -> wasmtime::Result<Option<Vec<u8>>> {
+        let k = slot_key(self.cursor.slot, key);
+        if let Some(v) = self.overlay.get(store, &k) {
+            return Ok(v.map(<[u8]>::to_vec));
+        }
+        // A RocksDB failure is a host fault: trap, so the batch is retried, not dead-lettered.
+        Ok(self.db.get(store, &k)?)
+    }
+}
+
+impl WasiView for HostCtx {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl types::Host for HostCtx {}
+
+impl state::Host for HostCtx {}
+
+impl state::HostStore for HostCtx {
+    fn open(&mut self, name: String) -> wasmtime::Result<Result<Resource<StoreHandle>, Error>> {
+        match self.db.store_id(&name) {
+            None => Ok(Err(Error::NoSuchStore(format!(
+                "store `{name}` is not declared by pipeline `{}`; declared: [{}]",
+                self.pipeline,
+                self.db.stores().join(", ")
+            )))),
+            Some(store) => Ok(Ok(self.table.push(StoreHandle { store })?)),
+        }
+    }
+
+    fn get(
+        &mut self,
+        h: Resource<StoreHandle>,
+        key: Vec<u8>,
+    ) -> wasmtime::Result<Result<Option<Vec<u8>>, Error>> {
+        let store = self.table.get(&h)?.store;
+        Ok(Ok(self.read(store, &key)?))
+    }
+
+    fn get_many(
+        &mut self,
+        h: Resource<StoreHandle>,
+        keys: Vec<Vec<u8>>,
+    ) -> wasmtime::Result<Result<Vec<Option<Vec<u8>>>, Error>> {
+        let store = self.table.get(&h)?.store;
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            out.push(self.read(store, &k)?);
+        }
+        Ok(Ok(out))
+    }
+
+    fn set(
+        &mut self,
+        h: Resource<StoreHandle>,
+        key: Vec<u8>,
+        value: Vec<u8>,
+    ) -> wasmtime::Result<Result<(), Error>> {
+        let store = self.table.get(&h)?.store;
+        self.overlay
+            .put(store, slot_key(self.cursor.slot, &key), Some(value));
+        Ok(Ok(()))
+    }
+
+    fn delete(
+        &mut self,
+        h: Resource<StoreHandle>,
+        key: Vec<u8>,
+    ) -> wasmtime::Result<Result<(), Error>> {
+        let store = self.table.get(&h)?.store;
+        self.overlay
+            .put(store, slot_key(self.cursor.slot, &key), None);
+        Ok(Ok(()))
+    }
+
+    fn increment(
+        &mut self,
+        h: Resource<StoreHandle>,
+        key: Vec<u8>,
+        delta: i64,
+    ) -> wasmtime::Result<Result<i64, Error>> {
+        let store = self.table.get(&h)?.store;
+        let k = slot_key(self.cursor.slot, &key);
+        let current = match self.overlay.get(store, &k) {
+            Some(v) => decode_counter(v),
+            None => decode_counter(self.db.get(store, &k)?.as_deref()),
+        };
+        let current = match current {
+            Ok(c) => c,
+            Err(e) => return Ok(Err(e)),
+        };
+        let Some(next) = current.checked_add(delta) else {
+            return Ok(Err(Error::InvalidValue(format!(
+                "increment by {delta} overflows the counter at {current}"
+            ))));
+        };
+        self.overlay
+            .put(store, k, Some(next.to_be_bytes().to_vec()));
+        Ok(Ok(next))
+    }
+
+    fn scan(
+        &mut self,
+        h: Resource<StoreHandle>,
+        start: Vec<u8>,
+        end: Option<Vec<u8>>,
+        limit: u32,
+    ) -> wasmtime::Result<Result<Vec<(Vec<u8>, Vec<u8>)>, Error>> {
+        let store = self.table.get(&h)?.store;
+        let slot = self.cursor.slot;
+        let lo = slot_key(slot, &start);
+        let hi = match &end {
+            Some(e) => slot_key(slot, e),
+            // The end of the slot: the next slot's prefix.
+            None => match slot.checked_add(1) {
+                Some(next) => next.to_be_bytes().to_vec(),
+                None => vec![0xff; 5],
+            },
+        };
+        let limit = limit as usize;
+        let pending = self.overlay.range(store, &lo, &hi);
+        // Committed rows may be shadowed by pending deletes: read enough to fill `limit`.
+        let committed = self.db.scan(store, &lo, &hi, limit + pending.len())?;
+        let mut merged = std::collections::BTreeMap::new();
+        for (k, v) in committed {
+            merged.insert(k, Some(v));
+        }
+        for (k, v) in pending {
+            merged.insert(k, v);
+        }
+        let out = merged
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|v| (k[4..].to_vec(), v)))
+            .take(limit)
+            .collect();
+        Ok(Ok(out))
+    }
+
+    fn drop(&mut self, h: Resource<StoreHandle>) -> wasmtime::Result<()> {
+        self.table.delete(h)?;
+        Ok(())
+    }
+}
+
+fn decode_counter(v: Option<&[u8]>) -> Result<i64, Error> {
+    match v {
+        None => Ok(0),
+        Some(b) => <[u8; 8]>::try_from(b).map(i64::from_be_bytes).map_err(|_| {
+            Error::InvalidValue(format!(
+                "the stored value has {} bytes; a counter has 8",
+                b.len()
+            ))
+        }),
+    }
+}
+
+impl output::Host for HostCtx {
+    fn send(
+        &mut self,
+        topic: String,
+        key: Option<Vec<u8>>,
+        value: Option<Vec<u8>>,
+        headers: Vec<types::Header>,
+    ) -> wasmtime::Result<Result<(), Error>> {
+        let Some(&partitions) = self.outputs_allowed.get(&topic) else {
+            let mut declared: Vec<_> = self.outputs_allowed.keys().cloned().collect();
+            declared.sort();
+            return Ok(Err(Error::NoSuchTopic(format!(
+                "topic `{topic}` is not an output of pipeline `{}`; declared: [{}]",
+                self.pipeline,
+                declared.join(", ")
+            ))));
+        };
+        let partition = match &key {
+            Some(k) => crate::transport::partitioner::partition_for_key(k, partitions),
+            None => self.cursor.slot % partitions,
+        };
+        let record = Record {
+            key,
+            value,
+            headers: headers.into_iter().map(|h| (h.key, h.value)).collect(),
+            timestamp: self.cursor.timestamp,
+        };
+        self.outputs.push(Output {
+            topic,
+            partition,
+            record,
+        });
+        Ok(Ok(()))
+    }
+}
+
+impl log::Host for HostCtx {
+    fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
+        let c = &self.cursor;
+        let lvl = match level {
+            log::Level::Trace => {
+                tracing::trace!(pipeline = %self.pipeline, topic = %c.topic, slot = c.slot, offset = c.offset, "guest: {message}");
+                "trace"
+            }
+            log::Level::Debug => {
+                tracing::debug!(pipeline = %self.pipeline, topic = %c.topic, slot = c.slot, offset = c.offset, "guest: {message}");
+                "debug"
+            }
+            log::Level::Info => {
+                tracing::info!(pipeline = %self.pipeline, topic = %c.topic, slot = c.slot, offset = c.offset, "guest: {message}");
+                "info"
+            }
+            log::Level::Warn => {
+                tracing::warn!(pipeline = %self.pipeline, topic = %c.topic, slot = c.slot, offset = c.offset, "guest: {message}");
+                "warn"
+            }
+            log::Level::Error => {
+                tracing::error!(pipeline = %self.pipeline, topic = %c.topic, slot = c.slot, offset = c.offset, "guest: {message}");
+                "error"
+            }
+        };
+        if self.logs.len() < 1000 {
+            self.logs.push(GuestLog {
+                level: lvl,
+                message,
+                cursor: self.cursor.clone(),
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,305 @@
+//! Partition state: one RocksDB instance per partition, a column family per store, keys
+//! prefixed by slot, and the batch overlay that gives processors read-your-writes. Knows nothing
+//! of wasmtime or of the transport.
+//!
+//! Layout of one partition's database:
+//! - column family `s.<store>` per declared store: key = slot (u32 big-endian) ‖ user key;
+//! - column family `_meta`: `in/<topic>/<slot>` = next input offset (u64 BE), `seq` = number of
+//!   committed batches (u64 BE), `outbox` = outputs of the last batch not yet known to be in the
+//!   log (see the task module).
+//!
+//! Memory is bounded per host, not per partition: every database of a host shares one LRU block
+//! cache (index and filter blocks charged to it) and one write-buffer manager charged to the same
+//! cache, sized by `--state-memory`. RocksDB's info logs are capped.
+
+mod overlay;
+
+pub use overlay::{Overlay, WriteOp};
+
+use std::path::{Path, PathBuf};
+
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, LogLevel, Options, WriteBatch,
+    WriteBufferManager,
+};
+
+/// The column family of partition metadata.
+pub const META_CF: &str = "_meta";
+
+/// Errors of the state layer.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// RocksDB failed.
+    #[error("rocksdb: {0}")]
+    Rocks(#[from] rocksdb::Error),
+    /// A stored value does not have the expected shape.
+    #[error("corrupt state: {0}")]
+    Corrupt(String),
+}
+
+type Result<T> = std::result::Result<T, StateError>;
+
+/// What all partitions of one host share: the block cache and the write-buffer manager.
+pub struct StateEnv {
+    cache: Cache,
+    write_buffers: WriteBufferManager,
+    memory: usize,
+}
+
+impl StateEnv {
+    /// A state environment bounded to `memory` bytes of block cache and memtables together.
+    pub fn new(memory: usize) -> Self {
+        let memory = memory.max(16 << 20);
+        let cache = Cache::new_lru_cache(memory);
+        // Memtables are charged to the cache, so both stay within `memory`; a quarter may be
+        // memtables before RocksDB flushes.
+        let write_buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
+            memory / 4,
+            false,
+            cache.clone(),
+        );
+        StateEnv {
+            cache,
+            write_buffers,
+            memory,
+        }
+    }
+
+    /// The configured bound in bytes.
+    pub fn memory(&self) -> usize {
+        self.memory
+    }
+
+    /// Bytes the shared block cache holds now (memtable reservations included).
+    pub fn cache_usage(&self) -> usize {
+        self.cache.get_usage()
+    }
+
+    /// Bytes of the cache pinned by live readers.
+    pub fn cache_pinned(&self) -> usize {
+        self.cache.get_pinned_usage()
+    }
+
+    /// Bytes of memtables across all partitions.
+    pub fn memtable_usage(&self) -> usize {
+        self.write_buffers.get_usage()
+    }
+
+    fn db_options(&self) -> Options {
+        let mut o = Options::default();
+        o.create_if_missing(true);
+        o.create_missing_column_families(true);
+        o.set_write_buffer_manager(&self.write_buffers);
+        o.set_max_background_jobs(2);
+        o.set_max_open_files(256);
+        o.set_log_level(LogLevel::Warn);
+        o.set_max_log_file_size(1 << 20);
+        o.set_keep_log_file_num(2);
+        o.set_recycle_log_file_num(2);
+        o.set_max_total_wal_size(64 << 20);
+        // Data and offsets live in different column families: flush them together so that they
+        // never drift apart on disk.
+        o.set_atomic_flush(true);
+        o
+    }
+
+    fn cf_options(&self) -> Options {
+        let mut b = BlockBasedOptions::default();
+        b.set_block_cache(&self.cache);
+        b.set_cache_index_and_filter_blocks(true);
+        b.set_pin_l0_filter_and_index_blocks_in_cache(true);
+        b.set_bloom_filter(10.0, false);
+        let mut o = Options::default();
+        o.set_block_based_table_factory(&b);
+        o.set_write_buffer_size(16 << 20);
+        o
+    }
+
+    /// Opens (or creates) the database of a partition at `path` with one column family per store.
+    pub fn open_partition(&self, path: &Path, stores: &[String]) -> Result<PartitionDb> {
+        std::fs::create_dir_all(path)
+            .map_err(|e| StateError::Corrupt(format!("{}: {e}", path.display())))?;
+        let mut cfs = vec![ColumnFamilyDescriptor::new(META_CF, self.cf_options())];
+        for s in stores {
+            cfs.push(ColumnFamilyDescriptor::new(store_cf(s), self.cf_options()));
+        }
+        let db = DB::open_cf_descriptors(&self.db_options(), path, cfs)?;
+        Ok(PartitionDb {
+            db,
+            stores: stores.to_vec(),
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+fn store_cf(store: &str) -> String {
+    format!("s.{store}")
+}
+
+/// The key of `user_key` in `slot`: slot (u32 big-endian) ‖ user key.
+pub fn slot_key(slot: u32, user_key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(4 + user_key.len());
+    k.extend_from_slice(&slot.to_be_bytes());
+    k.extend_from_slice(user_key);
+    k
+}
+
+/// The database of one partition.
+pub struct PartitionDb {
+    db: DB,
+    stores: Vec<String>,
+    path: PathBuf,
+}
+
+impl PartitionDb {
+    /// Declared store names, in column-family order (the index is the store id).
+    pub fn stores(&self) -> &[String] {
+        &self.stores
+    }
+
+    /// The id of store `name`.
+    pub fn store_id(&self, name: &str) -> Option<usize> {
+        self.stores.iter().position(|s| s == name)
+    }
+
+    /// Where the database lives.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn cf(&self, store: usize) -> Result<&rocksdb::ColumnFamily> {
+        let name = self
+            .stores
+            .get(store)
+            .ok_or_else(|| StateError::Corrupt(format!("no store #{store}")))?;
+        self.db
+            .cf_handle(&store_cf(name))
+            .ok_or_else(|| StateError::Corrupt(format!("no column family for {name}")))
+    }
+
+    fn meta(&self) -> Result<&rocksdb::ColumnFamily> {
+        self.db
+            .cf_handle(META_CF)
+            .ok_or_else(|| StateError::Corrupt("no _meta column family".into()))
+    }
+
+    /// The committed value of `key` (already slot-prefixed) in `store`.
+    pub fn get(&self, store: usize, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self
+            .db
+            .get_pinned_cf(self.cf(store)?, key)?
+            .map(|v| v.to_vec()))
+    }
+
+    /// Committed entries of `store` with `start <= key < end`, at most `limit`.
+    pub fn scan(
+        &self,
+        store: usize,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut ro = rocksdb::ReadOptions::default();
+        ro.set_iterate_upper_bound(end.to_vec());
+        let it = self.db.iterator_cf_opt(
+            self.cf(store)?,
+            ro,
+            rocksdb::IteratorMode::From(start, rocksdb::Direction::Forward),
+        );
+        let mut out = Vec::new();
+        for item in it {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = item?;
+            out.push((k.to_vec(), v.to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// A metadata value.
+    pub fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        Ok(self.db.get_cf(self.meta()?, key.as_bytes())?)
+    }
+
+    /// A metadata value stored as u64 big-endian.
+    pub fn get_meta_u64(&self, key: &str) -> Result<Option<u64>> {
+        match self.get_meta(key)? {
+            None => Ok(None),
+            Some(v) => Ok(Some(u64::from_be_bytes(v.as_slice().try_into().map_err(
+                |_| StateError::Corrupt(format!("meta `{key}` is not 8 bytes")),
+            )?))),
+        }
+    }
+
+    /// Applies data writes and metadata writes as one atomic RocksDB write.
+    pub fn commit(
+        &self,
+        writes: impl IntoIterator<Item = WriteOp>,
+        meta: &[(String, Option<Vec<u8>>)],
+    ) -> Result<()> {
+        let mut wb = WriteBatch::default();
+        for op in writes {
+            let cf = self.cf(op.store)?;
+            match op.value {
+                Some(v) => wb.put_cf(cf, &op.key, v),
+                None => wb.delete_cf(cf, &op.key),
+            }
+        }
+        let m = self.meta()?;
+        for (k, v) in meta {
+            match v {
+                Some(v) => wb.put_cf(m, k.as_bytes(), v),
+                None => wb.delete_cf(m, k.as_bytes()),
+            }
+        }
+        self.db.write(wb)?;
+        Ok(())
+    }
+
+    /// RocksDB's estimate of live data bytes across the stores.
+    pub fn estimated_size(&self) -> u64 {
+        self.stores
+            .iter()
+            .filter_map(|s| self.db.cf_handle(&store_cf(s)))
+            .filter_map(|cf| {
+                self.db
+                    .property_int_value_cf(cf, "rocksdb.estimate-live-data-size")
+                    .ok()
+                    .flatten()
+            })
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commit_is_atomic_and_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        let env = StateEnv::new(32 << 20);
+        let stores = vec!["counts".to_string()];
+        {
+            let db = env.open_partition(dir.path(), &stores).unwrap();
+            db.commit(
+                vec![WriteOp {
+                    store: 0,
+                    key: slot_key(3, b"a"),
+                    value: Some(b"1".to_vec()),
+                }],
+                &[("in/t/3".into(), Some(5u64.to_be_bytes().to_vec()))],
+            )
+            .unwrap();
+        }
+        let db = env.open_partition(dir.path(), &stores).unwrap();
+        assert_eq!(db.get(0, &slot_key(3, b"a")).unwrap(), Some(b"1".to_vec()));
+        assert_eq!(db.get(0, &slot_key(2, b"a")).unwrap(), None);
+        assert_eq!(db.get_meta_u64("in/t/3").unwrap(), Some(5));
+        let all = db
+            .scan(0, &slot_key(3, b""), &slot_key(4, b""), 10)
+            .unwrap();
+        assert_eq!(all.len(), 1);
+    }
+}

@@ -1,0 +1,267 @@
+//! Bad uploads and bad requests get a 4xx whose body names the problem.
+
+use baton_tests::{InProcess, plugin_bytes};
+use serde_json::json;
+
+/// A component whose core module only traps, built for the world `world` of the WIT in `wit`.
+fn dummy_component(wit: &[(&str, String)], world: &str) -> Vec<u8> {
+    let mut resolve = wit_parser::Resolve::default();
+    let mut pkg = None;
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in wit {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    pkg.get_or_insert(resolve.push_dir(dir.path()).unwrap().0);
+    let world = resolve.select_world(&[pkg.unwrap()], Some(world)).unwrap();
+    let mut module =
+        wit_component::dummy_module(&resolve, world, wit_parser::ManglingAndAbi::Standard32);
+    wit_component::embed_component_metadata(
+        &mut module,
+        &resolve,
+        world,
+        wit_component::StringEncoding::UTF8,
+        false,
+    )
+    .unwrap();
+    wit_component::ComponentEncoder::default()
+        .module(&module)
+        .unwrap()
+        .validate(true)
+        .encode()
+        .unwrap()
+}
+
+fn baton_wit(version: &str) -> Vec<(&'static str, String)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit");
+    [
+        "types.wit",
+        "state.wit",
+        "output.wit",
+        "log.wit",
+        "handler.wit",
+        "world.wit",
+    ]
+    .into_iter()
+    .map(|f| {
+        (
+            f,
+            std::fs::read_to_string(dir.join(f))
+                .unwrap()
+                .replace("@0.1.0", &format!("@{version}")),
+        )
+    })
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_uploads_get_a_4xx_saying_why() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let host = InProcess::start(dir.path()).await?;
+    let api = &host.api;
+    let up = |bytes: Vec<u8>| {
+        let api = api.clone();
+        async move {
+            api.post_bytes(
+                "/api/v1/modules?name=m&version=1",
+                bytes,
+                "application/wasm",
+            )
+            .await
+        }
+    };
+
+    let r = up(b"definitely not wasm".to_vec()).await?;
+    assert_eq!(r.status, 422, "{:?}", r);
+    assert!(
+        r.error().contains("not a WebAssembly component"),
+        "{}",
+        r.error()
+    );
+
+    let r = up(b"\0asm\x01\0\0\0".to_vec()).await?;
+    assert_eq!(r.status, 422);
+    assert!(
+        r.error().contains("core WebAssembly module"),
+        "{}",
+        r.error()
+    );
+
+    let mut truncated = plugin_bytes("word-count");
+    truncated.truncate(truncated.len() / 2);
+    let r = up(truncated).await?;
+    assert_eq!(r.status, 422);
+    assert!(r.error().contains("invalid component"), "{}", r.error());
+
+    let other = dummy_component(
+        &[(
+            "w.wit",
+            "package acme:thing@1.0.0;\nworld w { export run: func(); }\n".into(),
+        )],
+        "w",
+    );
+    let r = up(other).await?;
+    assert_eq!(r.status, 422);
+    assert!(
+        r.error()
+            .contains("does not fit the baton:processor/processor@0.1.0 world"),
+        "{}",
+        r.error()
+    );
+
+    let newer = dummy_component(&baton_wit("0.2.0"), "processor");
+    let r = up(newer).await?;
+    assert_eq!(r.status, 422);
+    assert!(
+        r.error().contains("baton:processor@0.2.0")
+            && r.error().contains("speaks baton:processor@0.1.0"),
+        "{}",
+        r.error()
+    );
+
+    // A dummy of the right world and version is a valid component: accepted.
+    let same = dummy_component(&baton_wit("0.1.0"), "processor");
+    assert_eq!(up(same).await?.status, 201);
+
+    let r = api
+        .post_bytes(
+            "/api/v1/modules?name=m&version=2",
+            vec![],
+            "application/wasm",
+        )
+        .await?;
+    assert_eq!(r.status, 400);
+    assert!(r.error().contains("empty body"));
+    let r = api
+        .post_bytes(
+            "/api/v1/modules?version=2",
+            plugin_bytes("word-count"),
+            "application/wasm",
+        )
+        .await?;
+    assert_eq!(r.status, 400);
+    assert!(r.error().contains("name"), "{}", r.error());
+    let r = api
+        .post_bytes(
+            "/api/v1/modules?name=bad/name&version=2",
+            plugin_bytes("word-count"),
+            "application/wasm",
+        )
+        .await?;
+    assert_eq!(r.status, 400);
+    // The same name and version with other bytes is a conflict, identical bytes are not.
+    let r = api
+        .post_bytes(
+            "/api/v1/modules?name=m&version=1",
+            plugin_bytes("word-count"),
+            "application/wasm",
+        )
+        .await?;
+    assert_eq!(r.status, 409, "{r:?}");
+    let listed = api.get("/api/v1/modules").await?;
+    assert_eq!(listed.body.as_array().unwrap().len(), 1);
+    host.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_a_4xx_naming_the_problem() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let host = InProcess::start(dir.path()).await?;
+    let api = &host.api;
+    api.upload_plugin("word-count", "word-count", "1").await?;
+    let good = json!({"name": "wc", "module": "word-count", "version": "1", "inputs": ["words"], "stores": ["counts"], "slots": 4});
+
+    let r = api
+        .post_bytes(
+            "/api/v1/pipelines",
+            b"{not json".to_vec(),
+            "application/json",
+        )
+        .await?;
+    assert_eq!(r.status, 400);
+    let mut unknown = good.clone();
+    unknown["colour"] = json!("red");
+    let r = api.post_json("/api/v1/pipelines", &unknown).await?;
+    assert_eq!(r.status, 400, "{r:?}");
+    assert!(r.error().contains("colour"), "{}", r.error());
+    let mut missing = good.clone();
+    missing["version"] = json!("9");
+    let r = api.post_json("/api/v1/pipelines", &missing).await?;
+    assert_eq!(r.status, 400);
+    assert!(r.error().contains("not uploaded"), "{}", r.error());
+    let mut too_many = good.clone();
+    too_many["partitions"] = json!(5);
+    let r = api.post_json("/api/v1/pipelines", &too_many).await?;
+    assert_eq!(r.status, 400);
+    assert!(r.error().contains("partitions"));
+
+    api.create_pipeline(good.clone()).await?;
+    let r = api.post_json("/api/v1/pipelines", &good).await?;
+    assert_eq!(r.status, 409);
+    // A topic that exists with another partition count is refused, naming the topic.
+    let mut clash = good.clone();
+    clash["name"] = json!("wc2");
+    clash["slots"] = json!(8);
+    let r = api.post_json("/api/v1/pipelines", &clash).await?;
+    assert_eq!(r.status, 409);
+    assert!(
+        r.error().contains("topic `words` exists with 4 partitions"),
+        "{}",
+        r.error()
+    );
+
+    assert_eq!(
+        api.get("/api/v1/pipelines/wc/stores/counts/keys/nobody")
+            .await?
+            .status,
+        404
+    );
+    let r = api
+        .get("/api/v1/pipelines/nope/stores/counts/keys/x")
+        .await?;
+    assert_eq!(r.status, 404);
+    assert!(r.error().contains("pipeline `nope`"));
+    let r = api
+        .get("/api/v1/pipelines/wc/stores/nostore/keys/x")
+        .await?;
+    assert_eq!(r.status, 404);
+    assert!(r.error().contains("no store `nostore`"));
+
+    let r = api
+        .post_json(
+            "/api/v1/topics/nowhere/records",
+            &json!([{"key": "a", "value": "b"}]),
+        )
+        .await?;
+    assert_eq!(r.status, 404);
+    let r = api
+        .post_json("/api/v1/topics/words/records", &json!({"key": "a"}))
+        .await?;
+    assert_eq!(r.status, 400);
+    assert!(r.error().contains("JSON array"), "{}", r.error());
+    let r = api.get("/api/v1/topics/words/records?slot=99").await?;
+    assert_eq!(r.status, 404);
+    let r = api.get("/api/v1/topics/words/records?slot=abc").await?;
+    assert_eq!(r.status, 400);
+    assert_eq!(api.get("/api/v1/nothing-here").await?.status, 404);
+    assert_eq!(api.get("/healthz").await?.status, 200);
+
+    // Tombstones and headers round-trip through produce and read.
+    let r = api
+        .post_json(
+            "/api/v1/topics/words/records",
+            &json!([{"key": "k", "value": null, "headers": {"h": "v"}}]),
+        )
+        .await?;
+    assert_eq!(r.status, 200);
+    let slot = r.body[0]["slot"].as_u64().unwrap();
+    let back = api
+        .get(&format!(
+            "/api/v1/topics/words/records?slot={slot}&offset=0"
+        ))
+        .await?;
+    let rec = &back.body["records"][0];
+    assert_eq!(rec["key"], "k");
+    assert!(rec["value"].is_null());
+    assert_eq!(rec["headers"][0]["value"], "v");
+    host.stop().await
+}

@@ -1,0 +1,485 @@
+//! Helpers of baton's integration tests: plugin paths, a host in-process or as a child process,
+//! an HTTP client, and waiting on conditions with deadlines.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+/// The path of a plugin's component, built by this crate's build script.
+pub fn plugin(name: &str) -> PathBuf {
+    Path::new(env!("BATON_PLUGIN_DIR")).join(format!("{}.wasm", name.replace('-', "_")))
+}
+
+/// The bytes of a plugin's component.
+pub fn plugin_bytes(name: &str) -> Vec<u8> {
+    std::fs::read(plugin(name)).unwrap_or_else(|e| panic!("{}: {e}", plugin(name).display()))
+}
+
+/// Waits until `f` returns `Some`, polling every 20 ms, failing after `timeout` with `what`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let deadline = Instant::now() + timeout;
+    let mut last_err = None;
+    loop {
+        match f().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if Instant::now() >= deadline {
+            bail!("timed out after {timeout:?} waiting for {what}; last error: {last_err:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A client of one host's HTTP API.
+#[derive(Clone)]
+pub struct Api {
+    /// `http://127.0.0.1:PORT`
+    pub base: String,
+    http: reqwest::Client,
+}
+
+/// A status and JSON body.
+#[derive(Debug)]
+pub struct Reply {
+    /// HTTP status.
+    pub status: u16,
+    /// Parsed body (Null when empty or not JSON).
+    pub body: Value,
+}
+
+impl Reply {
+    /// The `error` message of an error reply.
+    pub fn error(&self) -> String {
+        self.body["error"].as_str().unwrap_or_default().to_string()
+    }
+}
+
+impl Api {
+    /// A client of `base`.
+    pub fn new(base: impl Into<String>) -> Self {
+        Api {
+            base: base.into(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .expect("client"),
+        }
+    }
+
+    async fn reply(r: reqwest::Response) -> Result<Reply> {
+        let status = r.status().as_u16();
+        let text = r.text().await?;
+        Ok(Reply {
+            status,
+            body: serde_json::from_str(&text).unwrap_or(Value::Null),
+        })
+    }
+
+    /// GET a path.
+    pub async fn get(&self, path: &str) -> Result<Reply> {
+        Self::reply(self.http.get(format!("{}{path}", self.base)).send().await?).await
+    }
+
+    /// POST JSON.
+    pub async fn post_json(&self, path: &str, body: &Value) -> Result<Reply> {
+        Self::reply(
+            self.http
+                .post(format!("{}{path}", self.base))
+                .json(body)
+                .send()
+                .await?,
+        )
+        .await
+    }
+
+    /// POST raw bytes.
+    pub async fn post_bytes(&self, path: &str, body: Vec<u8>, content_type: &str) -> Result<Reply> {
+        Self::reply(
+            self.http
+                .post(format!("{}{path}", self.base))
+                .header("content-type", content_type)
+                .body(body)
+                .send()
+                .await?,
+        )
+        .await
+    }
+
+    /// Uploads a plugin as `name`/`version`; panics unless it is accepted.
+    pub async fn upload_plugin(
+        &self,
+        plugin_name: &str,
+        name: &str,
+        version: &str,
+    ) -> Result<Value> {
+        let r = self
+            .post_bytes(
+                &format!("/api/v1/modules?name={name}&version={version}"),
+                plugin_bytes(plugin_name),
+                "application/wasm",
+            )
+            .await?;
+        if r.status != 201 {
+            bail!("upload of {plugin_name}: {} {}", r.status, r.body);
+        }
+        Ok(r.body)
+    }
+
+    /// Creates a pipeline; fails unless it is created.
+    pub async fn create_pipeline(&self, spec: Value) -> Result<Value> {
+        let r = self.post_json("/api/v1/pipelines", &spec).await?;
+        if r.status != 201 {
+            bail!("create pipeline: {} {}", r.status, r.body);
+        }
+        Ok(r.body)
+    }
+
+    /// Produces `(key, value)` records; returns `(slot, offset)` per record.
+    pub async fn produce(
+        &self,
+        topic: &str,
+        records: &[(String, Option<String>)],
+    ) -> Result<Vec<(u32, u64)>> {
+        let body: Vec<Value> = records
+            .iter()
+            .map(|(k, v)| json!({"key": k, "value": v}))
+            .collect();
+        let r = self
+            .post_json(
+                &format!("/api/v1/topics/{topic}/records"),
+                &Value::Array(body),
+            )
+            .await?;
+        if r.status != 200 {
+            bail!("produce: {} {}", r.status, r.body);
+        }
+        let arr = r.body.as_array().context("produce reply is not an array")?;
+        Ok(arr
+            .iter()
+            .map(|v| {
+                (
+                    v["slot"].as_u64().unwrap_or(0) as u32,
+                    v["offset"].as_u64().unwrap_or(0),
+                )
+            })
+            .collect())
+    }
+
+    /// The partition table.
+    pub async fn partitions(&self) -> Result<Vec<Value>> {
+        let r = self.get("/api/v1/partitions").await?;
+        Ok(r.body.as_array().cloned().unwrap_or_default())
+    }
+
+    /// Waits until every partition of `pipeline` has processed all of its input (lag 0) and the
+    /// total processed offset reaches `at_least`. Fails early if a partition failed.
+    pub async fn wait_caught_up(
+        &self,
+        pipeline: &str,
+        at_least: u64,
+        timeout: Duration,
+    ) -> Result<()> {
+        wait_for(
+            &format!("pipeline {pipeline} to process {at_least} records"),
+            timeout,
+            || async {
+                let parts = self.partitions().await?;
+                let mine: Vec<_> = parts.iter().filter(|p| p["pipeline"] == pipeline).collect();
+                if mine.is_empty() {
+                    return Ok(None);
+                }
+                if let Some(f) = mine.iter().find(|p| p["state"] == "failed") {
+                    bail!("partition {} failed: {}", f["id"], f["error"]);
+                }
+                let mut done = 0;
+                for p in &mine {
+                    for o in p["offsets"].as_array().into_iter().flatten() {
+                        let (off, end) = (
+                            o["offset"].as_u64().unwrap_or(0),
+                            o["end"].as_u64().unwrap_or(0),
+                        );
+                        if off < end {
+                            return Ok(None);
+                        }
+                        done += off;
+                    }
+                }
+                Ok((done >= at_least).then_some(()))
+            },
+        )
+        .await
+    }
+
+    /// The counter of `key` in `store`, or `None` when the key is missing (404).
+    pub async fn counter(&self, pipeline: &str, store: &str, key: &str) -> Result<Option<i64>> {
+        let r = self
+            .get(&format!(
+                "/api/v1/pipelines/{pipeline}/stores/{store}/keys/{key}"
+            ))
+            .await?;
+        match r.status {
+            404 => Ok(None),
+            200 => Ok(Some(
+                r.body["value_i64"].as_i64().context("value_i64 missing")?,
+            )),
+            s => bail!("lookup {key}: {s} {}", r.body),
+        }
+    }
+
+    /// Every record of `topic` (all slots) as (slot, offset, key, value, headers).
+    pub async fn read_topic(&self, topic: &str, slots: u32) -> Result<Vec<TopicRecord>> {
+        let mut out = Vec::new();
+        for slot in 0..slots {
+            let mut offset = 0;
+            loop {
+                let r = self
+                    .get(&format!(
+                        "/api/v1/topics/{topic}/records?slot={slot}&offset={offset}&limit=10000"
+                    ))
+                    .await?;
+                if r.status != 200 {
+                    bail!("read {topic}/{slot}: {} {}", r.status, r.body);
+                }
+                let recs = r.body["records"].as_array().cloned().unwrap_or_default();
+                if recs.is_empty() {
+                    break;
+                }
+                for rec in &recs {
+                    let mut headers = BTreeMap::new();
+                    for h in rec["headers"].as_array().into_iter().flatten() {
+                        headers.insert(
+                            h["key"].as_str().unwrap_or_default().to_string(),
+                            h["value"].as_str().unwrap_or_default().to_string(),
+                        );
+                    }
+                    out.push(TopicRecord {
+                        slot,
+                        offset: rec["offset"].as_u64().unwrap_or(0),
+                        key: rec["key"].as_str().map(str::to_string),
+                        value: rec["value"].as_str().map(str::to_string),
+                        headers,
+                    });
+                }
+                offset = r.body["next_offset"]
+                    .as_u64()
+                    .unwrap_or(offset + recs.len() as u64);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A record read back from a topic.
+#[derive(Debug, Clone)]
+pub struct TopicRecord {
+    /// Slot.
+    pub slot: u32,
+    /// Offset.
+    pub offset: u64,
+    /// Key as text.
+    pub key: Option<String>,
+    /// Value as text.
+    pub value: Option<String>,
+    /// Headers as text.
+    pub headers: BTreeMap<String, String>,
+}
+
+/// A host running in this process with its HTTP server on 127.0.0.1.
+pub struct InProcess {
+    /// The host.
+    pub baton: Arc<baton::Baton>,
+    /// Its API.
+    pub api: Api,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl InProcess {
+    /// Opens a host on `dir` and serves its API on a free loopback port.
+    pub async fn start(dir: &Path) -> Result<Self> {
+        let mut cfg = baton::HostConfig::new(dir);
+        cfg.state_memory = 64 << 20;
+        let baton = tokio::task::spawn_blocking(move || baton::Baton::open(cfg)).await??;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let router = baton::http::router(baton.clone());
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        Ok(InProcess {
+            baton,
+            api: Api::new(format!("http://{addr}")),
+            server,
+        })
+    }
+
+    /// Stops the server and the host (partitions stop at a batch boundary).
+    pub async fn stop(self) -> Result<()> {
+        self.server.abort();
+        let _ = self.server.await;
+        let baton = self.baton;
+        tokio::task::spawn_blocking(move || {
+            baton.shutdown();
+            drop(baton);
+        })
+        .await?;
+        Ok(())
+    }
+}
+
+/// The `baton` binary of this build (`BATON_BIN` overrides).
+pub fn baton_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("BATON_BIN") {
+        return p.into();
+    }
+    // The test binary lives in <target>/<profile>/deps; the baton binary in <target>/<profile>.
+    let exe = std::env::current_exe().expect("current exe");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("profile dir")
+        .join("baton");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it first (cargo build --release -p baton)",
+        bin.display()
+    );
+    bin
+}
+
+/// A `baton run` child process.
+pub struct ChildHost {
+    child: Child,
+    /// Its API.
+    pub api: Api,
+}
+
+impl ChildHost {
+    /// Starts `baton run` on `dir` with a free port and extra flags; returns once it answers.
+    pub async fn start(dir: &Path, extra: &[&str]) -> Result<Self> {
+        let addr_file = dir.join("baton.addr");
+        let _ = std::fs::remove_file(&addr_file);
+        std::fs::create_dir_all(dir)?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("baton.log"))?;
+        let child = Command::new(baton_bin())
+            .args([
+                "run",
+                "--http",
+                "127.0.0.1:0",
+                "--state-memory",
+                "64MiB",
+                "--data-dir",
+            ])
+            .arg(dir)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("spawning baton")?;
+        let mut host = ChildHost {
+            child,
+            api: Api::new("http://127.0.0.1:1"),
+        };
+        let addr = wait_for(
+            "baton to write its address",
+            Duration::from_secs(60),
+            || {
+                let f = addr_file.clone();
+                let exited = host.child.try_wait().ok().flatten();
+                async move {
+                    if let Some(status) = exited {
+                        bail!("baton exited with {status}");
+                    }
+                    Ok(std::fs::read_to_string(&f).ok().filter(|s| !s.is_empty()))
+                }
+            },
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "log: {}",
+                std::fs::read_to_string(dir.join("baton.log")).unwrap_or_default()
+            )
+        })?;
+        host.api = Api::new(format!("http://{addr}"));
+        let api = host.api.clone();
+        wait_for("baton to answer /healthz", Duration::from_secs(30), || {
+            let api = api.clone();
+            async move {
+                Ok(api
+                    .get("/healthz")
+                    .await
+                    .ok()
+                    .filter(|r| r.status == 200)
+                    .map(|_| ()))
+            }
+        })
+        .await?;
+        Ok(host)
+    }
+
+    /// `kill -9`.
+    pub fn kill9(mut self) -> Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn terminate(mut self) -> Result<()> {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status()?;
+        let status = self.child.wait()?;
+        if !status.success() {
+            bail!("baton exited with {status}");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ChildHost {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A deterministic stream of word keys with a skewed distribution, for word-count tests.
+pub fn words(n: usize, vocabulary: usize, seed: u64) -> Vec<String> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407)
+        | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Square the uniform draw to skew towards small ids (some words are hot).
+            let u = (x % 1_000_000) as f64 / 1_000_000.0;
+            format!("w{}", ((u * u) * vocabulary as f64) as usize)
+        })
+        .collect()
+}
+
+/// Counts of each key.
+pub fn count<'a>(keys: impl IntoIterator<Item = &'a str>) -> BTreeMap<String, i64> {
+    let mut m = BTreeMap::new();
+    for k in keys {
+        *m.entry(k.to_string()).or_insert(0) += 1;
+    }
+    m
+}
