@@ -247,7 +247,7 @@ impl state::HostStore for HostCtx {
         let k = slot_key(self.cursor.slot, &key);
         let current = match self.overlay.get(store, &k) {
             Some(v) => decode_counter(v),
-            None => decode_counter(self.db.get(store, &k)?.as_deref()),
+            None => self.db.get_with(store, &k, decode_counter)?,
         };
         let current = match current {
             Ok(c) => c,

@@ -127,6 +127,7 @@ impl StateEnv {
         Ok(PartitionDb {
             db,
             stores: stores.to_vec(),
+            cf_names: stores.iter().map(|s| store_cf(s)).collect(),
             path: path.to_path_buf(),
         })
     }
@@ -148,6 +149,8 @@ pub fn slot_key(slot: u32, user_key: &[u8]) -> Vec<u8> {
 pub struct PartitionDb {
     db: DB,
     stores: Vec<String>,
+    /// Column family names by store id, computed once: the hot path must not format strings.
+    cf_names: Vec<String>,
     path: PathBuf,
 }
 
@@ -169,11 +172,11 @@ impl PartitionDb {
 
     fn cf(&self, store: usize) -> Result<&rocksdb::ColumnFamily> {
         let name = self
-            .stores
+            .cf_names
             .get(store)
             .ok_or_else(|| StateError::Corrupt(format!("no store #{store}")))?;
         self.db
-            .cf_handle(&store_cf(name))
+            .cf_handle(name)
             .ok_or_else(|| StateError::Corrupt(format!("no column family for {name}")))
     }
 
@@ -189,6 +192,17 @@ impl PartitionDb {
             .db
             .get_pinned_cf(self.cf(store)?, key)?
             .map(|v| v.to_vec()))
+    }
+
+    /// Calls `f` with the committed value of `key` in `store`, without copying it.
+    pub fn get_with<R>(
+        &self,
+        store: usize,
+        key: &[u8],
+        f: impl FnOnce(Option<&[u8]>) -> R,
+    ) -> Result<R> {
+        let v = self.db.get_pinned_cf(self.cf(store)?, key)?;
+        Ok(f(v.as_deref()))
     }
 
     /// Committed entries of `store` with `start <= key < end`, at most `limit`.

@@ -15,7 +15,9 @@ pub struct WriteOp {
     pub value: Option<Vec<u8>>,
 }
 
-type Map = HashMap<Vec<u8>, Option<Vec<u8>>>;
+/// foldhash: fast, and seeded per process so that keys from input records cannot be chosen to
+/// collide.
+type Map = HashMap<Vec<u8>, Option<Vec<u8>>, foldhash::fast::RandomState>;
 
 /// Pending writes of one batch, with a savepoint per guest call. One map per store, so that a
 /// lookup borrows the key instead of building one.

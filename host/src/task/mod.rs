@@ -276,29 +276,35 @@ impl PartitionTask {
             let batch_span = tracing::debug_span!("batch", seq = seq + 1);
             let _b = batch_span.enter();
             let mut count = 0u64;
-            for (ti, slot, recs) in &fetched {
-                let topic = &inputs[*ti].topic;
-                for chunk in recs.chunks(self.config.max_call) {
-                    inst = self.process_chunk(inst, topic, *slot, chunk, &dlq)?;
+            let mut read = Vec::with_capacity(fetched.len());
+            for (ti, slot, recs) in fetched {
+                let idx = (slot - self.slots.start) as usize;
+                if let Some(last) = recs.last() {
+                    inputs[ti].next[idx] = last.offset + 1;
                 }
+                let topic = &inputs[ti].topic;
                 count += recs.len() as u64;
-                let idx = (*slot - self.slots.start) as usize;
-                inputs[*ti].next[idx] = recs
-                    .last()
-                    .map(|r| r.offset + 1)
-                    .unwrap_or(inputs[*ti].next[idx]);
+                // Records move into guest messages: no copy of keys and values.
+                let msgs: Vec<Message> = recs
+                    .into_iter()
+                    .map(|r| to_message(topic, slot, r))
+                    .collect();
+                for chunk in msgs.chunks(self.config.max_call) {
+                    inst = self.process_chunk(inst, slot, chunk, &dlq)?;
+                }
+                read.push((ti, slot));
             }
             // Commit: state writes, offsets, sequence and outbox in one RocksDB write.
             seq += 1;
             let ctx = inst.ctx();
             let writes = ctx.overlay.take();
             let outputs = std::mem::take(&mut ctx.outputs);
-            let mut meta = Vec::with_capacity(fetched.len() + 2);
-            for (ti, slot, _) in &fetched {
-                let idx = (*slot - self.slots.start) as usize;
+            let mut meta = Vec::with_capacity(read.len() + 2);
+            for (ti, slot) in read {
+                let idx = (slot - self.slots.start) as usize;
                 meta.push((
-                    input_offset_key(&inputs[*ti].topic, *slot),
-                    Some(inputs[*ti].next[idx].to_be_bytes().to_vec()),
+                    input_offset_key(&inputs[ti].topic, slot),
+                    Some(inputs[ti].next[idx].to_be_bytes().to_vec()),
                 ));
             }
             meta.push((SEQ_KEY.to_string(), Some(seq.to_be_bytes().to_vec())));
@@ -326,20 +332,18 @@ impl PartitionTask {
     fn process_chunk(
         &self,
         mut inst: Instance,
-        topic: &str,
         slot: u32,
-        chunk: &[LogRecord],
+        msgs: &[Message],
         dlq: &str,
     ) -> anyhow::Result<Instance> {
-        let msgs: Vec<Message> = chunk.iter().map(|r| to_message(topic, slot, r)).collect();
-        let cursor = |r: &LogRecord| Cursor {
-            topic: topic.to_string(),
+        let cursor = |m: &Message| Cursor {
+            topic: m.topic.clone(),
             slot,
-            offset: r.offset,
-            timestamp: r.record.timestamp,
+            offset: m.offset,
+            timestamp: m.timestamp,
         };
-        inst.ctx().begin_call(cursor(&chunk[0]));
-        let err = match inst.process(&msgs, self.config.call_ticks) {
+        inst.ctx().begin_call(cursor(&msgs[0]));
+        let err = match inst.process(msgs, self.config.call_ticks) {
             Ok(()) => {
                 inst.ctx().keep_call();
                 return Ok(inst);
@@ -350,16 +354,16 @@ impl PartitionTask {
         if matches!(err, CallError::Trap(_)) {
             inst = self.replace_instance(inst)?;
         }
-        if chunk.len() == 1 {
-            self.dead_letter(&mut inst, topic, slot, &chunk[0], &err, dlq);
+        if msgs.len() == 1 {
+            self.dead_letter(&mut inst, &msgs[0], &err, dlq);
             return Ok(inst);
         }
         tracing::debug!(
-            records = chunk.len(),
+            records = msgs.len(),
             "batch call failed ({err}); retrying records one by one"
         );
-        for (r, m) in chunk.iter().zip(msgs.iter()) {
-            inst.ctx().begin_call(cursor(r));
+        for m in msgs {
+            inst.ctx().begin_call(cursor(m));
             match inst.process(std::slice::from_ref(m), self.config.call_ticks) {
                 Ok(()) => inst.ctx().keep_call(),
                 Err(e) => {
@@ -367,42 +371,32 @@ impl PartitionTask {
                     if matches!(e, CallError::Trap(_)) {
                         inst = self.replace_instance(inst)?;
                     }
-                    self.dead_letter(&mut inst, topic, slot, r, &e, dlq);
+                    self.dead_letter(&mut inst, m, &e, dlq);
                 }
             }
         }
         Ok(inst)
     }
 
-    fn dead_letter(
-        &self,
-        inst: &mut Instance,
-        topic: &str,
-        slot: u32,
-        r: &LogRecord,
-        err: &CallError,
-        dlq: &str,
-    ) {
+    fn dead_letter(&self, inst: &mut Instance, m: &Message, err: &CallError, dlq: &str) {
         let msg = err.to_string();
-        tracing::warn!(
-            topic,
-            slot,
-            offset = r.offset,
-            "record sent to {dlq}: {msg}"
-        );
-        let mut record = r.record.clone();
-        record
+        let (topic, slot, offset) = (&m.topic, m.slot, m.offset);
+        tracing::warn!(%topic, slot, offset, "record sent to {dlq}: {msg}");
+        let mut headers: Vec<(String, Vec<u8>)> = m
             .headers
-            .push(("baton.error".into(), msg.clone().into_bytes()));
-        record
-            .headers
-            .push(("baton.topic".into(), topic.as_bytes().to_vec()));
-        record
-            .headers
-            .push(("baton.slot".into(), slot.to_string().into_bytes()));
-        record
-            .headers
-            .push(("baton.offset".into(), r.offset.to_string().into_bytes()));
+            .iter()
+            .map(|h| (h.key.clone(), h.value.clone()))
+            .collect();
+        headers.push(("baton.error".into(), msg.clone().into_bytes()));
+        headers.push(("baton.topic".into(), topic.as_bytes().to_vec()));
+        headers.push(("baton.slot".into(), slot.to_string().into_bytes()));
+        headers.push(("baton.offset".into(), offset.to_string().into_bytes()));
+        let record = Record {
+            key: m.key.clone(),
+            value: m.value.clone(),
+            headers,
+            timestamp: m.timestamp,
+        };
         let partitions = self.log.partitions(dlq).unwrap_or(1);
         inst.ctx().push_dead_letter(Output {
             topic: dlq.to_string(),
@@ -410,7 +404,7 @@ impl PartitionTask {
             record,
         });
         self.status.dead_letters.fetch_add(1, Ordering::Relaxed);
-        *self.status.last_error.lock() = Some(format!("{topic}/{slot}@{}: {msg}", r.offset));
+        *self.status.last_error.lock() = Some(format!("{topic}/{slot}@{offset}: {msg}"));
     }
 
     /// Appends a committed batch's outputs, idempotently (producer id + batch sequence).
@@ -451,22 +445,19 @@ impl PartitionTask {
     }
 }
 
-fn to_message(topic: &str, slot: u32, r: &LogRecord) -> Message {
+fn to_message(topic: &str, slot: u32, r: LogRecord) -> Message {
     Message {
         topic: topic.to_string(),
         slot,
         offset: r.offset,
         timestamp: r.record.timestamp,
-        key: r.record.key.clone(),
-        value: r.record.value.clone(),
+        key: r.record.key,
+        value: r.record.value,
         headers: r
             .record
             .headers
-            .iter()
-            .map(|(k, v)| crate::runtime::Header {
-                key: k.clone(),
-                value: v.clone(),
-            })
+            .into_iter()
+            .map(|(key, value)| crate::runtime::Header { key, value })
             .collect(),
     }
 }
