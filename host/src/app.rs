@@ -17,10 +17,20 @@ use crate::cluster::{
 use crate::error::{Error, Result};
 use crate::runtime::{Module, Runtime, WIT_PACKAGE, WIT_VERSION};
 use crate::state::{PartitionDb, StateEnv, slot_key};
-use crate::task::{PartitionStatus, PartitionTask, Phase, SlotProgress, TaskConfig};
+use crate::task::kafka::{KafkaIo, changelog_topic};
+use crate::task::{
+    EmbeddedIo, IoFactory, PartitionIo, PartitionStatus, PartitionTask, Phase, RestoreProgress,
+    SlotProgress, TaskConfig,
+};
 use crate::transport::embedded::EmbeddedLog;
+use crate::transport::kafka::{KafkaConfig, KafkaTransport};
 use crate::transport::partitioner::partition_for_key;
-use crate::transport::{LogRecord, Record};
+use crate::transport::{LogRecord, Record, TopicKind, Transport};
+
+/// The topic holding module bytes in chunks (Kafka mode), so that no shared filesystem is needed.
+pub const MODULES_TOPIC: &str = "baton.modules";
+/// Size of a module chunk: well under Kafka's default 1 MB message limit.
+const MODULE_CHUNK: usize = 512 << 10;
 
 /// Settings of a host.
 #[derive(Debug, Clone)]
@@ -33,6 +43,8 @@ pub struct HostConfig {
     pub task: TaskConfig,
     /// Name of this host in the partition table.
     pub host_id: String,
+    /// Kafka, or `None` for the embedded log.
+    pub kafka: Option<KafkaConfig>,
 }
 
 impl HostConfig {
@@ -43,6 +55,7 @@ impl HostConfig {
             state_memory: 512 << 20,
             task: TaskConfig::default(),
             host_id: "local".into(),
+            kafka: None,
         }
     }
 }
@@ -78,8 +91,11 @@ pub struct PartitionInfo {
     pub owner: String,
     /// Epoch.
     pub epoch: u64,
-    /// `starting`, `running`, `stopped` or `failed`.
+    /// `starting`, `restoring`, `running`, `recovering`, `stopped` or `failed`.
     pub state: String,
+    /// Progress of the last restore.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restore: Option<RestoreProgress>,
     /// Why it failed, when it did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -128,6 +144,8 @@ pub struct Lookup {
     pub partition: String,
     /// The host owning the partition.
     pub owner: String,
+    /// True while the partition restores: the value may be older than the changelog.
+    pub restoring: bool,
 }
 
 /// One record to produce.
@@ -155,7 +173,9 @@ pub struct Produced {
 /// A baton host.
 pub struct Baton {
     config: HostConfig,
-    log: Arc<EmbeddedLog>,
+    transport: Arc<dyn Transport>,
+    embedded: Option<Arc<EmbeddedLog>>,
+    kafka: Option<Arc<KafkaTransport>>,
     state: Arc<StateEnv>,
     runtime: Arc<Runtime>,
     catalog: Mutex<Catalog>,
@@ -171,16 +191,33 @@ impl Baton {
     /// compiled-code cache) and starts every pipeline's partitions.
     pub fn open(config: HostConfig) -> anyhow::Result<Arc<Self>> {
         std::fs::create_dir_all(&config.data_dir)?;
-        let log = Arc::new(EmbeddedLog::open(&config.data_dir.join("log"))?);
+        let (transport, embedded, kafka): (Arc<dyn Transport>, _, _) = match &config.kafka {
+            None => {
+                let log = Arc::new(EmbeddedLog::open(&config.data_dir.join("log"))?);
+                (log.clone(), Some(log), None)
+            }
+            Some(k) => {
+                let t = Arc::new(KafkaTransport::connect(k.clone())?);
+                tracing::info!(bootstrap = %k.bootstrap, "connected to Kafka");
+                (t.clone(), None, Some(t))
+            }
+        };
         let state = Arc::new(StateEnv::new(config.state_memory));
         let runtime = Runtime::new(config.data_dir.join("compiled"))?;
         std::fs::create_dir_all(config.data_dir.join("modules"))?;
-        log.ensure_topic(CONTROL_TOPIC, 1)?;
+        transport.ensure_topic(CONTROL_TOPIC, 1, TopicKind::Forever)?;
+        if kafka.is_some() {
+            transport.ensure_topic(MODULES_TOPIC, 1, TopicKind::Forever)?;
+        }
         let mut catalog = Catalog::default();
-        let end = log.end_offset(CONTROL_TOPIC, 0)?;
+        let end = transport.end_offset(CONTROL_TOPIC, 0)?;
         let mut offset = 0;
         while offset < end {
-            for r in log.read(CONTROL_TOPIC, 0, offset, 1024)? {
+            let records = transport.read(CONTROL_TOPIC, 0, offset, 1024)?;
+            if records.is_empty() {
+                break;
+            }
+            for r in records {
                 offset = r.offset + 1;
                 let bytes = r.record.value.unwrap_or_default();
                 let event: ControlEvent = serde_json::from_slice(&bytes).map_err(|e| {
@@ -191,7 +228,9 @@ impl Baton {
         }
         let baton = Arc::new(Baton {
             config,
-            log,
+            transport,
+            embedded,
+            kafka,
             state,
             runtime,
             catalog: Mutex::new(Catalog::default()),
@@ -201,7 +240,8 @@ impl Baton {
             control: Mutex::new(()),
         });
         for m in catalog.modules.values() {
-            let bytes = std::fs::read(baton.module_path(&m.sha256))
+            let bytes = baton
+                .module_bytes(&m.sha256)
                 .map_err(|e| anyhow::anyhow!("module {} {}: {e}", m.name, m.version))?;
             let module = baton
                 .runtime
@@ -223,9 +263,9 @@ impl Baton {
         &self.config
     }
 
-    /// The log.
-    pub fn log(&self) -> &Arc<EmbeddedLog> {
-        &self.log
+    /// The transport (embedded log or Kafka).
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.transport
     }
 
     /// The shared state environment.
@@ -248,8 +288,58 @@ impl Baton {
             headers: vec![],
             timestamp: now_ms(),
         };
-        self.log.append(CONTROL_TOPIC, 0, &[record], None, true)?;
+        self.transport.append(CONTROL_TOPIC, 0, &[record])?;
         Ok(())
+    }
+
+    /// The bytes of a module: the local copy, or (on Kafka) reassembled from `baton.modules`.
+    fn module_bytes(&self, sha256: &str) -> anyhow::Result<Vec<u8>> {
+        let path = self.module_path(sha256);
+        if let Ok(bytes) = std::fs::read(&path) {
+            return Ok(bytes);
+        }
+        anyhow::ensure!(self.kafka.is_some(), "{} is missing", path.display());
+        let mut chunks: BTreeMap<usize, Vec<u8>> = BTreeMap::new();
+        let mut count = None;
+        let end = self.transport.end_offset(MODULES_TOPIC, 0)?;
+        let mut offset = 0;
+        while offset < end {
+            let records = self.transport.read(MODULES_TOPIC, 0, offset, 256)?;
+            if records.is_empty() {
+                break;
+            }
+            for r in records {
+                offset = r.offset + 1;
+                let key = String::from_utf8_lossy(r.record.key.as_deref().unwrap_or_default())
+                    .into_owned();
+                let mut parts = key.split(':');
+                if parts.next() != Some(sha256) {
+                    continue;
+                }
+                let (Some(i), Some(n)) = (
+                    parts.next().and_then(|p| p.parse().ok()),
+                    parts.next().and_then(|p| p.parse().ok()),
+                ) else {
+                    continue;
+                };
+                count = Some(n);
+                chunks.insert(i, r.record.value.unwrap_or_default());
+            }
+        }
+        let n: usize =
+            count.ok_or_else(|| anyhow::anyhow!("module {sha256} is not in {MODULES_TOPIC}"))?;
+        anyhow::ensure!(
+            chunks.len() == n,
+            "module {sha256}: {} of {n} chunks in {MODULES_TOPIC}",
+            chunks.len()
+        );
+        let bytes: Vec<u8> = chunks.into_values().flatten().collect();
+        anyhow::ensure!(
+            crate::runtime::sha256_hex(&bytes) == sha256,
+            "module {sha256}: chunks do not match the hash"
+        );
+        write_file(&path, &bytes)?;
+        Ok(bytes)
     }
 
     /// Validates a component against the world, stores it by content and registers
@@ -290,11 +380,27 @@ impl Baton {
         }
         let path = self.module_path(&module.sha256);
         if !path.exists() {
-            let tmp = path.with_extension("tmp");
-            std::fs::write(&tmp, bytes)
-                .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
-                .and_then(|_| std::fs::rename(&tmp, &path))
+            write_file(&path, bytes)
                 .map_err(|e| Error::Internal(format!("storing module: {e}")))?;
+        }
+        if self.kafka.is_some() {
+            // Every host of the cluster can fetch it from the log.
+            let chunks: Vec<&[u8]> = bytes.chunks(MODULE_CHUNK).collect();
+            let n = chunks.len();
+            let records: Vec<Record> = chunks
+                .into_iter()
+                .enumerate()
+                .map(|(i, c)| Record {
+                    key: Some(format!("{}:{i}:{n}", module.sha256).into_bytes()),
+                    value: Some(c.to_vec()),
+                    headers: vec![],
+                    timestamp: now_ms(),
+                })
+                .collect();
+            for r in records {
+                self.transport
+                    .append(MODULES_TOPIC, 0, std::slice::from_ref(&r))?;
+            }
         }
         let record = ModuleRecord {
             name: name.to_string(),
@@ -346,15 +452,22 @@ impl Baton {
         };
         // Check every topic before creating any, so that a refusal leaves nothing behind.
         let dlq = spec.dlq_topic();
-        let topics: Vec<&str> = spec
+        let mut topics: Vec<(String, TopicKind)> = spec
             .inputs
             .iter()
             .chain(spec.outputs.iter())
-            .map(String::as_str)
-            .chain([dlq.as_str()])
+            .chain([&dlq])
+            .map(|t| (t.clone(), TopicKind::Data))
             .collect();
-        for t in &topics {
-            if let Some(actual) = self.log.partitions(t)
+        if self.kafka.is_some() {
+            topics.extend(
+                spec.stores
+                    .iter()
+                    .map(|s| (changelog_topic(&spec.name, s), TopicKind::Compacted)),
+            );
+        }
+        for (t, _) in &topics {
+            if let Some(actual) = self.transport.partitions(t)?
                 && actual != spec.slots
             {
                 return Err(Error::Conflict(format!(
@@ -364,14 +477,14 @@ impl Baton {
                 )));
             }
         }
-        for t in &topics {
-            self.log.ensure_topic(t, spec.slots)?;
+        for (t, kind) in &topics {
+            self.transport.ensure_topic(t, spec.slots, *kind)?;
         }
         let mut start_offsets = BTreeMap::new();
         if spec.start == Start::Latest {
             for t in &spec.inputs {
                 let ends = (0..spec.slots)
-                    .map(|s| self.log.end_offset(t, s))
+                    .map(|s| self.transport.end_offset(t, s))
                     .collect::<Result<Vec<_>, _>>()?;
                 start_offsets.insert(t.clone(), ends);
             }
@@ -425,23 +538,62 @@ impl Baton {
                     record.spec.name
                 )
             })?;
-        for (i, slots) in record.spec.initial_ranges().into_iter().enumerate() {
-            let id = format!("{}-{i}", record.spec.name);
+        let spec = &record.spec;
+        let mut outputs = std::collections::HashMap::new();
+        for t in spec.outputs.iter().chain([&spec.dlq_topic()]) {
+            let n = self
+                .transport
+                .partitions(t)?
+                .ok_or_else(|| anyhow::anyhow!("topic `{t}` is missing"))?;
+            outputs.insert(t.clone(), n);
+        }
+        let outputs = Arc::new(outputs);
+        for (i, slots) in spec.initial_ranges().into_iter().enumerate() {
+            let id = format!("{}-{i}", spec.name);
             let path = self
                 .config
                 .data_dir
                 .join("state")
-                .join(&record.spec.name)
+                .join(&spec.name)
                 .join(&id);
-            let db = Arc::new(self.state.open_partition(&path, &record.spec.stores)?);
+            let db = Arc::new(self.state.open_partition(&path, &spec.stores)?);
             let status = Arc::new(PartitionStatus::new());
             let stop = Arc::new(AtomicBool::new(false));
+            let io: IoFactory = {
+                let (pipeline, id, slots) = (record.clone(), id.clone(), slots.clone());
+                match (&self.embedded, &self.kafka) {
+                    (Some(log), _) => {
+                        let log = log.clone();
+                        Box::new(move || {
+                            Ok(Box::new(EmbeddedIo::new(
+                                log.clone(),
+                                pipeline.clone(),
+                                &id,
+                                slots.clone(),
+                            )) as Box<dyn PartitionIo>)
+                        })
+                    }
+                    (None, Some(k)) => {
+                        let k = k.clone();
+                        Box::new(move || {
+                            Ok(Box::new(KafkaIo::open(
+                                k.clone(),
+                                pipeline.clone(),
+                                &id,
+                                slots.clone(),
+                            )?) as Box<dyn PartitionIo>)
+                        })
+                    }
+                    (None, None) => anyhow::bail!("no transport"),
+                }
+            };
             let task = PartitionTask {
                 id: id.clone(),
                 pipeline: record.clone(),
                 slots: slots.clone(),
                 db: db.clone(),
-                log: self.log.clone(),
+                io,
+                outputs: outputs.clone(),
                 runtime: self.runtime.clone(),
                 module: module.clone(),
                 config: self.config.task.clone(),
@@ -476,6 +628,8 @@ impl Baton {
                 let lag = offsets.iter().map(|o| o.end.saturating_sub(o.offset)).sum();
                 let (state, error) = match &*h.status.phase.lock() {
                     Phase::Starting => ("starting".to_string(), None),
+                    Phase::Restoring => ("restoring".to_string(), None),
+                    Phase::Recovering(e) => ("recovering".to_string(), Some(e.clone())),
                     Phase::Running => ("running".to_string(), None),
                     Phase::Stopped => ("stopped".to_string(), None),
                     Phase::Failed(e) => ("failed".to_string(), Some(e.clone())),
@@ -487,6 +641,7 @@ impl Baton {
                     owner: self.config.host_id.clone(),
                     epoch: h.epoch,
                     state,
+                    restore: h.status.restore.lock().clone(),
                     error,
                     offsets,
                     lag,
@@ -501,7 +656,7 @@ impl Baton {
     /// Appends records to `topic`; each goes to slot murmur2(key) mod partitions (round-robin
     /// without a key). Returns once they are on disk.
     pub fn produce(&self, topic: &str, records: Vec<ProduceRecord>) -> Result<Vec<Produced>> {
-        let partitions = self.log.partitions(topic).ok_or_else(|| {
+        let partitions = self.transport.partitions(topic)?.ok_or_else(|| {
             Error::NotFound(format!(
                 "topic `{topic}` does not exist; create a pipeline that reads it first"
             ))
@@ -525,12 +680,7 @@ impl Baton {
         let mut out = vec![Produced { slot: 0, offset: 0 }; n];
         for (slot, recs) in by_slot {
             let (idx, recs): (Vec<usize>, Vec<Record>) = recs.into_iter().unzip();
-            let first = match self.log.append(topic, slot, &recs, None, true)? {
-                crate::transport::embedded::Appended::At(o) => o,
-                crate::transport::embedded::Appended::Duplicate => {
-                    unreachable!("appends without a producer are never duplicates")
-                }
-            };
+            let first = self.transport.append(topic, slot, &recs)?;
             for (j, i) in idx.into_iter().enumerate() {
                 out[i] = Produced {
                     slot,
@@ -549,8 +699,17 @@ impl Baton {
         offset: u64,
         limit: usize,
     ) -> Result<(Vec<LogRecord>, u64)> {
-        let records = self.log.read(topic, slot, offset, limit)?;
-        let end = self.log.end_offset(topic, slot)?;
+        let partitions = self
+            .transport
+            .partitions(topic)?
+            .ok_or_else(|| Error::NotFound(format!("topic `{topic}` does not exist")))?;
+        if slot >= partitions {
+            return Err(Error::NotFound(format!(
+                "topic `{topic}` has {partitions} partitions; slot {slot} does not exist"
+            )));
+        }
+        let records = self.transport.read(topic, slot, offset, limit)?;
+        let end = self.transport.end_offset(topic, slot)?;
         Ok((records, end))
     }
 
@@ -592,6 +751,7 @@ impl Baton {
             slot,
             partition: handle.id.clone(),
             owner: self.config.host_id.clone(),
+            restoring: matches!(*handle.status.phase.lock(), Phase::Restoring),
         }))
     }
 
@@ -619,6 +779,14 @@ impl Drop for Baton {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Writes a file atomically: temp file, fsync, rename.
+fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, path)
 }
 
 fn pipeline_info(r: &PipelineRecord) -> PipelineInfo {

@@ -19,6 +19,11 @@ pub struct FileConfig {
     pub max_batch: Option<usize>,
     /// `max_call = 512`: most records per guest call.
     pub max_call: Option<usize>,
+    /// `kafka = "127.0.0.1:9092"`: run on Kafka instead of the embedded log.
+    pub kafka: Option<String>,
+    /// `kafka_config = { "compression.type" = "lz4" }`: librdkafka settings for every client.
+    #[serde(default)]
+    pub kafka_config: std::collections::BTreeMap<String, String>,
 }
 
 impl FileConfig {
@@ -27,6 +32,16 @@ impl FileConfig {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("config file {}: {e}", path.display()))?;
         toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))
+    }
+}
+
+/// Parses `key=value` (a `--kafka-config` argument).
+pub fn parse_key_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+        _ => Err(format!(
+            "`{s}`: expected key=value, e.g. compression.type=lz4"
+        )),
     }
 }
 

@@ -19,6 +19,9 @@ pub enum Error {
     /// The module was refused (422).
     #[error("{0}")]
     InvalidModule(String),
+    /// A service the host depends on (the Kafka cluster) is not answering (503).
+    #[error("{0}")]
+    Unavailable(String),
     /// A fault inside the host (500); the message is logged, not shown.
     #[error("internal error: {0}")]
     Internal(String),
@@ -37,6 +40,7 @@ impl From<crate::transport::TransportError> for Error {
             T::UnknownTopic(_) | T::NoSuchPartition { .. } => Error::NotFound(e.to_string()),
             T::PartitionCountMismatch { .. } => Error::Conflict(e.to_string()),
             T::InvalidTopicName(_) => Error::BadRequest(e.to_string()),
+            T::Kafka(_) => Error::Unavailable(e.to_string()),
             T::Io(_) | T::Corrupt(_) => Error::Internal(e.to_string()),
         }
     }

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
-use baton::config::{FileConfig, parse_size};
+use baton::config::{FileConfig, parse_key_value, parse_size};
+use baton::transport::kafka::KafkaConfig;
 use baton::{Baton, HostConfig};
 
 #[derive(Parser)]
@@ -46,6 +47,12 @@ struct RunArgs {
     /// Most records per guest call [default: 512].
     #[arg(long)]
     max_call: Option<usize>,
+    /// Kafka bootstrap servers, e.g. 127.0.0.1:9092; without it baton runs on the embedded log.
+    #[arg(long)]
+    kafka: Option<String>,
+    /// A librdkafka setting for every client, key=value (repeatable).
+    #[arg(long = "kafka-config", value_parser = parse_key_value)]
+    kafka_config: Vec<(String, String)>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -85,6 +92,16 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(n) = args.max_call.or(file.max_call) {
         anyhow::ensure!(n > 0, "--max-call must be at least 1");
         config.task.max_call = n;
+    }
+    if let Some(bootstrap) = args.kafka.or(file.kafka) {
+        let mut settings: Vec<(String, String)> = file.kafka_config.into_iter().collect();
+        settings.extend(args.kafka_config);
+        config.kafka = Some(KafkaConfig {
+            bootstrap,
+            settings,
+        });
+    } else {
+        anyhow::ensure!(args.kafka_config.is_empty(), "--kafka-config needs --kafka");
     }
     let baton =
         Baton::open(config).with_context(|| format!("opening data dir {}", data_dir.display()))?;

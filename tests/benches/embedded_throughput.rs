@@ -15,7 +15,10 @@ fn run(records: usize, partitions: u32) -> f64 {
     baton
         .upload_module("word-count", "1", &baton_tests::plugin_bytes("word-count"))
         .unwrap();
-    baton.log().ensure_topic("words", 8).unwrap();
+    baton
+        .transport()
+        .ensure_topic("words", 8, baton::transport::TopicKind::Data)
+        .unwrap();
     let keys = baton_tests::words(records, 10_000, 1);
     for chunk in keys.chunks(50_000) {
         let recs = chunk

@@ -54,6 +54,7 @@ impl From<Error> for ApiError {
             Error::Conflict(_) => StatusCode::CONFLICT,
             Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Error::InvalidModule(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError {

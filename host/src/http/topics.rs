@@ -26,15 +26,14 @@ struct TopicInfo {
     partitions: u32,
 }
 
-async fn list(State(baton): State<AppState>) -> Json<Vec<TopicInfo>> {
-    Json(
-        baton
-            .log()
-            .topics()
+async fn list(State(baton): State<AppState>) -> Result<Json<Vec<TopicInfo>>, ApiError> {
+    let topics = blocking(move || Ok(baton.transport().topics()?)).await?;
+    Ok(Json(
+        topics
             .into_iter()
             .map(|(name, partitions)| TopicInfo { name, partitions })
             .collect(),
-    )
+    ))
 }
 
 /// One record of a produce request: UTF-8 strings; `value: null` is a tombstone.

@@ -2,14 +2,17 @@
 //! guest → commit state, outputs and input offsets atomically. It owns the partition's instance
 //! and batch overlay and is the only writer of the partition's database.
 //!
-//! Commit on the embedded log (an outbox): one RocksDB write carries the batch's state writes,
-//! the per-slot input offsets, the batch sequence number and the batch's outputs (the outbox).
-//! Only then are the outputs appended to their topics, as idempotent appends tagged with the
-//! partition's producer id and the batch sequence. After a crash, the task re-sends the outbox
-//! of the last committed batch; the log skips whatever it already has. So state, outputs and
-//! offsets move together, exactly once.
+//! The loop runs in sessions. A session asks its [`PartitionIo`] to restore state and to say
+//! where each input slot resumes, then processes batches until stopped or until an error; after
+//! an error (a broker restart, a failed transaction) the next session starts from what was
+//! committed, after a back-off. How a batch commits depends on the transport (see [`io`]).
 
-use std::collections::BTreeMap;
+pub mod io;
+pub mod kafka;
+
+pub use io::{Batch, EmbeddedIo, PartitionIo, RestoreProgress};
+
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,8 +24,10 @@ use serde::Serialize;
 use crate::cluster::PipelineRecord;
 use crate::runtime::{CallError, Cursor, HostCtx, Instance, Message, Module, Output, Runtime};
 use crate::state::PartitionDb;
-use crate::transport::embedded::{EmbeddedLog, decode_record, encode_record};
 use crate::transport::{LogRecord, Record};
+
+/// Opens a session's [`PartitionIo`].
+pub type IoFactory = Box<dyn Fn() -> anyhow::Result<Box<dyn PartitionIo>> + Send + Sync>;
 
 /// Tuning of the partition loop.
 #[derive(Debug, Clone)]
@@ -54,8 +59,12 @@ impl Default for TaskConfig {
 pub enum Phase {
     /// Opening state and instantiating.
     Starting,
+    /// Catching state up from the changelog (or re-sending the outbox).
+    Restoring,
     /// Processing.
     Running,
+    /// Between sessions after an error; the message says which.
+    Recovering(String),
     /// Stopped on request.
     Stopped,
     /// Stopped by an error it cannot get past; the message says which.
@@ -89,6 +98,8 @@ pub struct PartitionStatus {
     pub batches: AtomicU64,
     /// The last processing error (dead-lettered or not), if any.
     pub last_error: Mutex<Option<String>>,
+    /// Progress of the last restore.
+    pub restore: Mutex<Option<RestoreProgress>>,
 }
 
 /// Everything a partition task needs.
@@ -101,8 +112,10 @@ pub struct PartitionTask {
     pub slots: Range<u32>,
     /// The partition's database.
     pub db: Arc<PartitionDb>,
-    /// The log.
-    pub log: Arc<EmbeddedLog>,
+    /// Opens the transport side of a session (clients, fencing).
+    pub io: IoFactory,
+    /// Declared output topics (and the dead-letter topic) with their partition counts.
+    pub outputs: Arc<HashMap<String, u32>>,
     /// The runtime.
     pub runtime: Arc<Runtime>,
     /// The module version to run.
@@ -125,6 +138,7 @@ impl PartitionStatus {
             dead_letters: AtomicU64::new(0),
             batches: AtomicU64::new(0),
             last_error: Mutex::new(None),
+            restore: Mutex::new(None),
         }
     }
 }
@@ -140,13 +154,9 @@ pub fn input_offset_key(topic: &str, slot: u32) -> String {
     format!("in/{topic}/{slot}")
 }
 
-const SEQ_KEY: &str = "seq";
-const OUTBOX_KEY: &str = "outbox";
-
-struct Input {
-    topic: String,
-    /// Next offset per slot of the range.
-    next: Vec<u64>,
+/// The meta key of the changelog position (next offset) of `slot` of `store`.
+pub fn changelog_offset_key(store: &str, slot: u32) -> String {
+    format!("cl/{store}/{slot}")
 }
 
 impl PartitionTask {
@@ -155,135 +165,103 @@ impl PartitionTask {
         let span =
             tracing::info_span!("partition", id = %self.id, pipeline = %self.pipeline.spec.name);
         let _g = span.enter();
-        match self.run_inner() {
-            Ok(()) => *self.status.phase.lock() = Phase::Stopped,
-            Err(e) => {
-                let msg = format!("{e:#}");
-                tracing::error!("partition failed: {msg}");
-                *self.status.phase.lock() = Phase::Failed(msg);
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            if self.stop.load(Ordering::Relaxed) {
+                *self.status.phase.lock() = Phase::Stopped;
+                return;
+            }
+            match self.session() {
+                Ok(()) => {
+                    *self.status.phase.lock() = Phase::Stopped;
+                    return;
+                }
+                Err(SessionError::Fatal(msg)) => {
+                    tracing::error!("partition failed: {msg}");
+                    *self.status.phase.lock() = Phase::Failed(msg);
+                    return;
+                }
+                Err(SessionError::Retry(e)) => {
+                    let msg = format!("{e:#}");
+                    tracing::warn!("partition session ended: {msg}; retrying in {backoff:?}");
+                    *self.status.last_error.lock() = Some(msg.clone());
+                    *self.status.phase.lock() = Phase::Recovering(msg);
+                    let until = Instant::now() + backoff;
+                    while Instant::now() < until && !self.stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
             }
         }
     }
 
-    fn producer_id(&self) -> String {
-        format!("{}/{}", self.pipeline.spec.name, self.id)
-    }
-
-    fn new_instance(&self, ctx: HostCtx) -> anyhow::Result<Instance> {
-        let mut inst = self.runtime.instantiate(&self.module, ctx)?;
+    fn new_instance(&self, ctx: HostCtx) -> Result<Instance, SessionError> {
+        let mut inst = self.runtime.instantiate(&self.module, ctx).map_err(|e| {
+            SessionError::Fatal(format!(
+                "instantiating module {}: {e:#}",
+                self.pipeline.spec.module
+            ))
+        })?;
         inst.init(&self.pipeline.spec.config_pairs()).map_err(|e| {
-            anyhow::anyhow!("init of module {} failed: {e}", self.pipeline.spec.module)
+            SessionError::Fatal(format!(
+                "init of module {} failed: {e}",
+                self.pipeline.spec.module
+            ))
         })?;
         Ok(inst)
     }
 
     /// Replaces a trapped instance, keeping the batch's pending writes and outputs.
-    fn replace_instance(&self, inst: Instance) -> anyhow::Result<Instance> {
+    fn replace_instance(&self, inst: Instance) -> Result<Instance, SessionError> {
         let mut ctx = inst.into_ctx();
         ctx.reset_instance_resources();
         self.new_instance(ctx)
     }
 
-    fn run_inner(&self) -> anyhow::Result<()> {
+    fn session(&self) -> Result<(), SessionError> {
         let spec = &self.pipeline.spec;
-        let outputs_allowed = Arc::new(
-            spec.outputs
-                .iter()
-                .map(|t| {
-                    Ok((
-                        t.clone(),
-                        self.log
-                            .partitions(t)
-                            .ok_or_else(|| anyhow::anyhow!("output topic `{t}` is missing"))?,
-                    ))
-                })
-                .collect::<anyhow::Result<_>>()?,
-        );
         let ctx = HostCtx::new(
             spec.name.as_str().into(),
             self.db.clone(),
-            outputs_allowed,
+            self.outputs.clone(),
             self.config.memory_limit,
         );
         let mut inst = self.new_instance(ctx)?;
+        let mut io = (self.io)().map_err(SessionError::Retry)?;
 
-        let mut inputs = Vec::new();
-        for topic in &spec.inputs {
-            let mut next = Vec::new();
-            for slot in self.slots.clone() {
-                let start = self
-                    .pipeline
-                    .start_offsets
-                    .get(topic)
-                    .and_then(|v| v.get(slot as usize))
-                    .copied()
-                    .unwrap_or(0);
-                next.push(
-                    self.db
-                        .get_meta_u64(&input_offset_key(topic, slot))?
-                        .unwrap_or(start),
-                );
-            }
-            inputs.push(Input {
-                topic: topic.clone(),
-                next,
-            });
-        }
-        let mut seq = self.db.get_meta_u64(SEQ_KEY)?.unwrap_or(0);
-        if let Some(outbox) = self.db.get_meta(OUTBOX_KEY)? {
-            let outputs = decode_outbox(&outbox)?;
-            tracing::info!(
-                seq,
-                outputs = outputs.len(),
-                "re-sending the outbox of the last committed batch"
-            );
-            self.publish(&outputs, seq)?;
-        }
-        self.update_progress(&inputs);
+        *self.status.phase.lock() = Phase::Restoring;
+        let status = self.status.clone();
+        io.restore(&self.db, &move |p| *status.restore.lock() = Some(p))
+            .map_err(SessionError::Retry)?;
+        let mut next = io.positions(&self.db).map_err(SessionError::Retry)?;
+        self.update_progress(io.as_mut(), &next);
         *self.status.phase.lock() = Phase::Running;
         tracing::info!(slots = ?self.slots, "partition running");
 
         let dlq = spec.dlq_topic();
-        let mut rotate = 0usize;
-        let slot_count = self.slots.len();
         while !self.stop.load(Ordering::Relaxed) {
-            let generation = self.log.generation();
-            // Fetch: up to max_batch records, starting at a rotating slot so none starves.
-            let mut fetched: Vec<(usize, u32, Vec<LogRecord>)> = Vec::new();
-            let mut budget = self.config.max_batch;
-            'fetch: for i in 0..slot_count {
-                let idx = (rotate + i) % slot_count;
-                let slot = self.slots.start + idx as u32;
-                for (ti, input) in inputs.iter().enumerate() {
-                    if budget == 0 {
-                        break 'fetch;
-                    }
-                    let recs = self.log.read(&input.topic, slot, input.next[idx], budget)?;
-                    if !recs.is_empty() {
-                        budget -= recs.len();
-                        fetched.push((ti, slot, recs));
-                    }
-                }
-            }
-            rotate = (rotate + 1) % slot_count.max(1);
+            let fetched = io
+                .fetch(&next, self.config.max_batch)
+                .map_err(SessionError::Retry)?;
             if fetched.is_empty() {
-                self.update_progress(&inputs);
-                self.log
-                    .wait_for_append(generation, Duration::from_millis(100));
+                self.update_progress(io.as_mut(), &next);
                 continue;
             }
             let started = Instant::now();
-            let batch_span = tracing::debug_span!("batch", seq = seq + 1);
+            let batch_span = tracing::debug_span!("batch");
             let _b = batch_span.enter();
             let mut count = 0u64;
-            let mut read = Vec::with_capacity(fetched.len());
+            let mut offsets = Vec::with_capacity(fetched.len());
+            let mut new_next = next.clone();
             for (ti, slot, recs) in fetched {
                 let idx = (slot - self.slots.start) as usize;
                 if let Some(last) = recs.last() {
-                    inputs[ti].next[idx] = last.offset + 1;
+                    new_next[ti][idx] = last.offset + 1;
                 }
-                let topic = &inputs[ti].topic;
+                offsets.push((ti, slot, new_next[ti][idx]));
                 count += recs.len() as u64;
+                let topic = &spec.inputs[ti];
                 // Records move into guest messages: no copy of keys and values.
                 let msgs: Vec<Message> = recs
                     .into_iter()
@@ -292,34 +270,25 @@ impl PartitionTask {
                 for chunk in msgs.chunks(self.config.max_call) {
                     inst = self.process_chunk(inst, slot, chunk, &dlq)?;
                 }
-                read.push((ti, slot));
             }
-            // Commit: state writes, offsets, sequence and outbox in one RocksDB write.
-            seq += 1;
             let ctx = inst.ctx();
-            let writes = ctx.overlay.take();
-            let outputs = std::mem::take(&mut ctx.outputs);
-            let mut meta = Vec::with_capacity(read.len() + 2);
-            for (ti, slot) in read {
-                let idx = (slot - self.slots.start) as usize;
-                meta.push((
-                    input_offset_key(&inputs[ti].topic, slot),
-                    Some(inputs[ti].next[idx].to_be_bytes().to_vec()),
-                ));
+            let batch = Batch {
+                writes: ctx.overlay.take(),
+                outputs: std::mem::take(&mut ctx.outputs),
+                offsets,
+            };
+            let outputs = batch.outputs.len();
+            if let Err(e) = io.commit(&self.db, batch) {
+                // Nothing of the batch is in RocksDB: the next session resumes before it.
+                return Err(SessionError::Retry(e));
             }
-            meta.push((SEQ_KEY.to_string(), Some(seq.to_be_bytes().to_vec())));
-            meta.push((
-                OUTBOX_KEY.to_string(),
-                (!outputs.is_empty()).then(|| encode_outbox(&outputs)),
-            ));
-            self.db.commit(writes, &meta)?;
-            self.publish(&outputs, seq)?;
+            next = new_next;
             self.status.records.fetch_add(count, Ordering::Relaxed);
             self.status.batches.fetch_add(1, Ordering::Relaxed);
-            self.update_progress(&inputs);
+            self.update_progress(io.as_mut(), &next);
             tracing::debug!(
                 records = count,
-                outputs = outputs.len(),
+                outputs,
                 us = started.elapsed().as_micros() as u64,
                 "batch committed"
             );
@@ -335,7 +304,7 @@ impl PartitionTask {
         slot: u32,
         msgs: &[Message],
         dlq: &str,
-    ) -> anyhow::Result<Instance> {
+    ) -> Result<Instance, SessionError> {
         let cursor = |m: &Message| Cursor {
             topic: m.topic.clone(),
             slot,
@@ -397,7 +366,12 @@ impl PartitionTask {
             headers,
             timestamp: m.timestamp,
         };
-        let partitions = self.log.partitions(dlq).unwrap_or(1);
+        let partitions = self
+            .outputs
+            .get(dlq)
+            .copied()
+            .unwrap_or(self.pipeline.spec.slots)
+            .max(1);
         inst.ctx().push_dead_letter(Output {
             topic: dlq.to_string(),
             partition: slot % partitions,
@@ -407,42 +381,33 @@ impl PartitionTask {
         *self.status.last_error.lock() = Some(format!("{topic}/{slot}@{offset}: {msg}"));
     }
 
-    /// Appends a committed batch's outputs, idempotently (producer id + batch sequence).
-    fn publish(&self, outputs: &[Output], seq: u64) -> anyhow::Result<()> {
-        if outputs.is_empty() {
-            return Ok(());
-        }
-        let mut groups: BTreeMap<(&str, u32), Vec<Record>> = BTreeMap::new();
-        for o in outputs {
-            groups
-                .entry((o.topic.as_str(), o.partition))
-                .or_default()
-                .push(o.record.clone());
-        }
-        let producer = self.producer_id();
-        for ((topic, partition), records) in groups {
-            self.log
-                .append(topic, partition, &records, Some((&producer, seq)), false)?;
-        }
-        Ok(())
-    }
-
-    fn update_progress(&self, inputs: &[Input]) {
+    fn update_progress(&self, io: &mut dyn PartitionIo, next: &[Vec<u64>]) {
         let mut v = Vec::new();
-        for input in inputs {
-            for (idx, next) in input.next.iter().enumerate() {
+        for (ti, topic) in self.pipeline.spec.inputs.iter().enumerate() {
+            for (idx, offset) in next[ti].iter().enumerate() {
                 let slot = self.slots.start + idx as u32;
-                let end = self.log.end_offset(&input.topic, slot).unwrap_or(0);
+                let end = io
+                    .end_offset(ti, slot, *offset)
+                    .unwrap_or(*offset)
+                    .max(*offset);
                 v.push(SlotProgress {
-                    topic: input.topic.clone(),
+                    topic: topic.clone(),
                     slot,
-                    offset: *next,
+                    offset: *offset,
                     end,
                 });
             }
         }
         *self.status.progress.lock() = v;
     }
+}
+
+/// Why a session ended.
+pub enum SessionError {
+    /// Worth another session after a back-off (transport trouble, a failed commit).
+    Retry(anyhow::Error),
+    /// Another session would fail the same way (the module's `init` fails).
+    Fatal(String),
 }
 
 fn to_message(topic: &str, slot: u32, r: LogRecord) -> Message {
@@ -459,61 +424,5 @@ fn to_message(topic: &str, slot: u32, r: LogRecord) -> Message {
             .into_iter()
             .map(|(key, value)| crate::runtime::Header { key, value })
             .collect(),
-    }
-}
-
-fn encode_outbox(outputs: &[Output]) -> Vec<u8> {
-    let mut buf = Vec::new();
-    for o in outputs {
-        buf.extend_from_slice(&(o.topic.len() as u32).to_le_bytes());
-        buf.extend_from_slice(o.topic.as_bytes());
-        buf.extend_from_slice(&o.partition.to_le_bytes());
-        encode_record(&mut buf, &o.record);
-    }
-    buf
-}
-
-fn decode_outbox(mut b: &[u8]) -> anyhow::Result<Vec<Output>> {
-    let bad = || anyhow::anyhow!("the outbox in the partition's state does not decode");
-    let mut out = Vec::new();
-    while !b.is_empty() {
-        let n = u32::from_le_bytes(b.get(0..4).ok_or_else(bad)?.try_into()?) as usize;
-        let topic = String::from_utf8(b.get(4..4 + n).ok_or_else(bad)?.to_vec())?;
-        let partition = u32::from_le_bytes(b.get(4 + n..8 + n).ok_or_else(bad)?.try_into()?);
-        let (record, used) = decode_record(&b[8 + n..]).ok_or_else(bad)?;
-        out.push(Output {
-            topic,
-            partition,
-            record,
-        });
-        b = &b[8 + n + used..];
-    }
-    Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn outbox_round_trip() {
-        let outs = vec![
-            Output {
-                topic: "a".into(),
-                partition: 3,
-                record: Record {
-                    key: None,
-                    value: Some(b"v".to_vec()),
-                    headers: vec![],
-                    timestamp: 5,
-                },
-            },
-            Output {
-                topic: "bb".into(),
-                partition: 0,
-                record: Record::default(),
-            },
-        ];
-        assert_eq!(decode_outbox(&encode_outbox(&outs)).unwrap(), outs);
     }
 }

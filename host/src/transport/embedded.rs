@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use super::{LogRecord, Record, TransportError, validate_topic_name};
+use super::{LogRecord, Record, TopicKind, Transport, TransportError, validate_topic_name};
 
 type Result<T> = std::result::Result<T, TransportError>;
 
@@ -287,6 +287,41 @@ impl EmbeddedLog {
         if *g == seen {
             self.appended.wait_for(&mut g, timeout);
         }
+    }
+}
+
+impl Transport for EmbeddedLog {
+    fn kind(&self) -> &'static str {
+        "embedded"
+    }
+
+    fn ensure_topic(&self, topic: &str, partitions: u32, _kind: TopicKind) -> Result<bool> {
+        EmbeddedLog::ensure_topic(self, topic, partitions)
+    }
+
+    fn partitions(&self, topic: &str) -> Result<Option<u32>> {
+        Ok(EmbeddedLog::partitions(self, topic))
+    }
+
+    fn topics(&self) -> Result<Vec<(String, u32)>> {
+        Ok(EmbeddedLog::topics(self))
+    }
+
+    fn end_offset(&self, topic: &str, partition: u32) -> Result<u64> {
+        EmbeddedLog::end_offset(self, topic, partition)
+    }
+
+    fn append(&self, topic: &str, partition: u32, records: &[Record]) -> Result<u64> {
+        match EmbeddedLog::append(self, topic, partition, records, None, true)? {
+            Appended::At(o) => Ok(o),
+            Appended::Duplicate => Err(TransportError::Corrupt(
+                "an append without a producer was skipped".into(),
+            )),
+        }
+    }
+
+    fn read(&self, topic: &str, partition: u32, offset: u64, max: usize) -> Result<Vec<LogRecord>> {
+        EmbeddedLog::read(self, topic, partition, offset, max)
     }
 }
 

@@ -1,14 +1,54 @@
-//! Apache Kafka through rdkafka: the production transport. This module holds what the rest of
-//! the host needs from a broker, starting with topic administration.
+//! Apache Kafka through rdkafka: the production transport. Topic administration, durable
+//! appends and reads for the control plane ([`KafkaTransport`]), and the two clients a partition
+//! loop needs: an input consumer with manual assignment ([`InputConsumer`]) and a producer that
+//! reports the offsets it wrote, transactional or not ([`BatchProducer`]).
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::error::KafkaError as RdError;
+use rdkafka::message::{DeliveryResult, Header, Headers, Message as _, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
 
-use super::{TransportError, validate_topic_name};
+use super::{LogRecord, Record, TopicKind, Transport, TransportError, validate_topic_name};
+
+/// How to reach the cluster: `--kafka` and the repeatable `--kafka-config key=value`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaConfig {
+    /// `bootstrap.servers`.
+    pub bootstrap: String,
+    /// Extra librdkafka settings, applied to every client (they win over baton's defaults).
+    pub settings: Vec<(String, String)>,
+}
+
+impl KafkaConfig {
+    /// A client config with baton's defaults for `role`, then the user's settings.
+    fn client(&self, defaults: &[(&str, &str)]) -> ClientConfig {
+        let mut cfg = ClientConfig::new();
+        cfg.set("bootstrap.servers", &self.bootstrap);
+        cfg.set("log_level", "4");
+        for (k, v) in defaults {
+            cfg.set(*k, *v);
+        }
+        for (k, v) in &self.settings {
+            cfg.set(k, v);
+        }
+        cfg
+    }
+}
+
+fn kerr(what: &str, e: impl std::fmt::Display) -> TransportError {
+    TransportError::Kafka(format!("{what}: {e}"))
+}
 
 /// Errors talking to Kafka.
 #[derive(Debug, thiserror::Error)]
@@ -156,5 +196,592 @@ impl KafkaAdmin {
             }
         }
         Ok(())
+    }
+}
+
+/// Results of the deliveries of one append, filled in by the producer's delivery callback.
+struct Pending {
+    results: Mutex<Vec<Option<Result<i64, String>>>>,
+    left: AtomicUsize,
+}
+
+/// Producer context of [`KafkaTransport`]: routes each delivery report to its append.
+struct AppendContext;
+
+impl ClientContext for AppendContext {}
+
+impl ProducerContext for AppendContext {
+    type DeliveryOpaque = Box<(Arc<Pending>, usize)>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, opaque: Self::DeliveryOpaque) {
+        let (pending, i) = *opaque;
+        let r = match result {
+            Ok(m) => Ok(m.offset()),
+            Err((e, _)) => Err(e.to_string()),
+        };
+        pending.results.lock()[i] = Some(r);
+        pending.left.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn headers_of(r: &Record) -> Option<OwnedHeaders> {
+    if r.headers.is_empty() {
+        return None;
+    }
+    let mut h = OwnedHeaders::new_with_capacity(r.headers.len());
+    for (k, v) in &r.headers {
+        h = h.insert(Header {
+            key: k,
+            value: Some(v.as_slice()),
+        });
+    }
+    Some(h)
+}
+
+fn to_record<M: rdkafka::message::Message>(m: &M) -> Record {
+    let headers = m
+        .headers()
+        .map(|hs| {
+            hs.iter()
+                .map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec()))
+                .collect()
+        })
+        .unwrap_or_default();
+    Record {
+        key: m.key().map(<[u8]>::to_vec),
+        value: m.payload().map(<[u8]>::to_vec),
+        headers,
+        timestamp: m.timestamp().to_millis().unwrap_or(0),
+    }
+}
+
+/// Sends one record, waiting for room in the producer's queue when it is full.
+fn send_record<C: ProducerContext>(
+    producer: &BaseProducer<C>,
+    topic: &str,
+    partition: u32,
+    r: &Record,
+    opaque: C::DeliveryOpaque,
+) -> Result<(), TransportError> {
+    let mut rec = BaseRecord::<[u8], [u8], C::DeliveryOpaque>::with_opaque_to(topic, opaque)
+        .partition(partition as i32)
+        .timestamp(r.timestamp);
+    if let Some(k) = &r.key {
+        rec = rec.key(k.as_slice());
+    }
+    if let Some(v) = &r.value {
+        rec = rec.payload(v.as_slice());
+    }
+    if let Some(h) = headers_of(r) {
+        rec = rec.headers(h);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match producer.send(rec) {
+            Ok(()) => return Ok(()),
+            Err((RdError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                if Instant::now() < deadline =>
+            {
+                rec = back;
+                producer.poll(Duration::from_millis(10));
+            }
+            Err((e, _)) => return Err(kerr(&format!("producing to {topic}/{partition}"), e)),
+        }
+    }
+}
+
+/// Kafka as the host's [`Transport`]: admin, an idempotent producer for durable appends, and a
+/// read_committed reader.
+pub struct KafkaTransport {
+    config: KafkaConfig,
+    admin: KafkaAdmin,
+    rt: tokio::runtime::Runtime,
+    producer: BaseProducer<AppendContext>,
+    reader: Mutex<BaseConsumer>,
+}
+
+/// Consumer defaults: manual offsets, committed reads only, bounded prefetch.
+const CONSUMER_DEFAULTS: &[(&str, &str)] = &[
+    ("enable.auto.commit", "false"),
+    ("enable.auto.offset.store", "false"),
+    ("isolation.level", "read_committed"),
+    ("auto.offset.reset", "earliest"),
+    ("enable.partition.eof", "false"),
+    ("queued.max.messages.kbytes", "8192"),
+    ("fetch.wait.max.ms", "50"),
+];
+
+impl KafkaTransport {
+    /// Connects to the cluster; fails when no broker answers within 30 s.
+    pub fn connect(config: KafkaConfig) -> Result<Self, TransportError> {
+        let admin = KafkaAdmin::new(&config.bootstrap, &config.settings)
+            .map_err(|e| kerr("admin client", e))?;
+        let producer: BaseProducer<AppendContext> = config
+            .client(&[
+                ("enable.idempotence", "true"),
+                ("acks", "all"),
+                ("linger.ms", "1"),
+            ])
+            .create_with_context(AppendContext)
+            .map_err(|e| kerr("producer", e))?;
+        let reader: BaseConsumer = config
+            .client(&[CONSUMER_DEFAULTS, &[("group.id", "baton.reader")]].concat())
+            .create()
+            .map_err(|e| kerr("consumer", e))?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| kerr("runtime", e))?;
+        let t = KafkaTransport {
+            config,
+            admin,
+            rt,
+            producer,
+            reader: Mutex::new(reader),
+        };
+        t.admin
+            .topics()
+            .map_err(|e| kerr(&format!("no broker answered at {}", t.config.bootstrap), e))?;
+        Ok(t)
+    }
+
+    /// The connection settings.
+    pub fn config(&self) -> &KafkaConfig {
+        &self.config
+    }
+
+    /// A consumer with baton's defaults and `group.id`, for a partition's input.
+    pub fn input_consumer(&self, group: &str) -> Result<InputConsumer, TransportError> {
+        let consumer: BaseConsumer = self
+            .config
+            .client(&[CONSUMER_DEFAULTS, &[("group.id", group)]].concat())
+            .create()
+            .map_err(|e| kerr("consumer", e))?;
+        Ok(InputConsumer { consumer })
+    }
+
+    /// A producer for a partition: transactional with `transactional_id`, else idempotent.
+    pub fn batch_producer(
+        &self,
+        transactional_id: Option<&str>,
+    ) -> Result<BatchProducer, TransportError> {
+        let mut defaults = vec![
+            ("enable.idempotence", "true"),
+            ("acks", "all"),
+            ("linger.ms", "2"),
+        ];
+        if let Some(id) = transactional_id {
+            defaults.push(("transactional.id", id));
+            defaults.push(("transaction.timeout.ms", "60000"));
+        }
+        let ctx = OffsetContext::default();
+        let producer: BaseProducer<OffsetContext> = self
+            .config
+            .client(&defaults)
+            .create_with_context(ctx)
+            .map_err(|e| kerr("producer", e))?;
+        Ok(BatchProducer {
+            producer,
+            transactional: transactional_id.is_some(),
+        })
+    }
+}
+
+impl Transport for KafkaTransport {
+    fn kind(&self) -> &'static str {
+        "kafka"
+    }
+
+    fn ensure_topic(
+        &self,
+        topic: &str,
+        partitions: u32,
+        kind: TopicKind,
+    ) -> Result<bool, TransportError> {
+        let configs: &[(&str, &str)] = match kind {
+            TopicKind::Data => &[],
+            TopicKind::Compacted => &[("cleanup.policy", "compact")],
+            TopicKind::Forever => &[("retention.ms", "-1"), ("retention.bytes", "-1")],
+        };
+        match self
+            .rt
+            .block_on(self.admin.ensure_topic(topic, partitions, configs))
+        {
+            Ok(created) => Ok(created),
+            Err(KafkaError::Topic(e)) => Err(e),
+            Err(e) => Err(kerr(&format!("creating topic `{topic}`"), e)),
+        }
+    }
+
+    fn partitions(&self, topic: &str) -> Result<Option<u32>, TransportError> {
+        Ok(self
+            .admin
+            .topic(topic)
+            .map_err(|e| kerr("metadata", e))?
+            .map(|t| t.partitions))
+    }
+
+    fn topics(&self) -> Result<Vec<(String, u32)>, TransportError> {
+        let all = self.admin.topics().map_err(|e| kerr("metadata", e))?;
+        Ok(all
+            .into_iter()
+            .filter(|t| !t.name.starts_with("__"))
+            .map(|t| (t.name, t.partitions))
+            .collect())
+    }
+
+    fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, TransportError> {
+        let reader = self.reader.lock();
+        let (_, hi) = reader
+            .fetch_watermarks(topic, partition as i32, Duration::from_secs(10))
+            .map_err(|e| kerr(&format!("watermarks of {topic}/{partition}"), e))?;
+        Ok(hi.max(0) as u64)
+    }
+
+    fn append(
+        &self,
+        topic: &str,
+        partition: u32,
+        records: &[Record],
+    ) -> Result<u64, TransportError> {
+        if records.is_empty() {
+            return self.end_offset(topic, partition);
+        }
+        let pending = Arc::new(Pending {
+            results: Mutex::new(vec![None; records.len()]),
+            left: AtomicUsize::new(records.len()),
+        });
+        for (i, r) in records.iter().enumerate() {
+            send_record(
+                &self.producer,
+                topic,
+                partition,
+                r,
+                Box::new((pending.clone(), i)),
+            )?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while pending.left.load(Ordering::Acquire) > 0 {
+            if Instant::now() > deadline {
+                return Err(kerr(
+                    &format!("appending to {topic}/{partition}"),
+                    "no acknowledgement in 60 s",
+                ));
+            }
+            self.producer.poll(Duration::from_millis(5));
+        }
+        let results = pending.results.lock();
+        let mut first = None;
+        for r in results.iter() {
+            match r {
+                Some(Ok(o)) => first = Some(first.map_or(*o, |f: i64| f.min(*o))),
+                Some(Err(e)) => return Err(kerr(&format!("appending to {topic}/{partition}"), e)),
+                None => {
+                    return Err(kerr(
+                        &format!("appending to {topic}/{partition}"),
+                        "no delivery report",
+                    ));
+                }
+            }
+        }
+        Ok(first.unwrap_or(0).max(0) as u64)
+    }
+
+    fn read(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        max: usize,
+    ) -> Result<Vec<LogRecord>, TransportError> {
+        let reader = self.reader.lock();
+        let (lo, hi) = reader
+            .fetch_watermarks(topic, partition as i32, Duration::from_secs(10))
+            .map_err(|e| kerr(&format!("watermarks of {topic}/{partition}"), e))?;
+        let start = (offset as i64).max(lo);
+        if start >= hi || max == 0 {
+            return Ok(Vec::new());
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, partition as i32, Offset::Offset(start))
+            .map_err(|e| kerr("assign", e))?;
+        reader.assign(&tpl).map_err(|e| kerr("assign", e))?;
+        let mut out = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while out.len() < max && Instant::now() < deadline {
+            match reader.poll(Duration::from_millis(100)) {
+                Some(Ok(m)) => {
+                    let o = m.offset() as u64;
+                    out.push(LogRecord {
+                        offset: o,
+                        record: to_record(&m),
+                    });
+                    if o + 1 >= hi as u64 {
+                        break;
+                    }
+                }
+                Some(Err(e)) => tracing::debug!("reading {topic}/{partition}: {e}"),
+                None => {
+                    // Nothing more to read: past the last committed record (aborted records and
+                    // transaction markers take offsets too).
+                    let pos = position(&reader, topic, partition);
+                    if pos.is_some_and(|p| p >= hi) || (pos.is_none() && !out.is_empty()) {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = reader.unassign();
+        Ok(out)
+    }
+}
+
+fn position(c: &BaseConsumer, topic: &str, partition: u32) -> Option<i64> {
+    let pos = c.position().ok()?;
+    match pos.find_partition(topic, partition as i32)?.offset() {
+        Offset::Offset(o) => Some(o),
+        _ => None,
+    }
+}
+
+/// A partition's input consumer: manual assignment of its slots, committed reads only.
+pub struct InputConsumer {
+    consumer: BaseConsumer,
+}
+
+/// Records fetched from one topic partition, in offset order.
+pub struct Fetched {
+    /// Topic.
+    pub topic: String,
+    /// Partition (slot).
+    pub partition: u32,
+    /// Records.
+    pub records: Vec<LogRecord>,
+}
+
+impl InputConsumer {
+    /// The group's committed offsets of these topic partitions (`None` where nothing is committed).
+    pub fn committed(&self, tps: &[(String, u32)]) -> Result<Vec<Option<u64>>, TransportError> {
+        let mut tpl = TopicPartitionList::new();
+        for (t, p) in tps {
+            tpl.add_partition(t, *p as i32);
+        }
+        let got = self
+            .consumer
+            .committed_offsets(tpl, Duration::from_secs(30))
+            .map_err(|e| kerr("committed offsets", e))?;
+        Ok(tps
+            .iter()
+            .map(
+                |(t, p)| match got.find_partition(t, *p as i32).map(|e| e.offset()) {
+                    Some(Offset::Offset(o)) if o >= 0 => Some(o as u64),
+                    _ => None,
+                },
+            )
+            .collect())
+    }
+
+    /// Assigns these topic partitions at these offsets (replacing any assignment).
+    pub fn assign(&self, at: &[(String, u32, u64)]) -> Result<(), TransportError> {
+        let mut tpl = TopicPartitionList::new();
+        for (t, p, o) in at {
+            tpl.add_partition_offset(t, *p as i32, Offset::Offset(*o as i64))
+                .map_err(|e| kerr("assign", e))?;
+        }
+        self.consumer.assign(&tpl).map_err(|e| kerr("assign", e))
+    }
+
+    /// Waits up to `wait` for records, then takes what is ready, up to `max`, grouped by topic
+    /// partition.
+    pub fn fetch(&self, max: usize, wait: Duration) -> Vec<Fetched> {
+        let mut groups: Vec<Fetched> = Vec::new();
+        let mut n = 0;
+        let mut timeout = wait;
+        while n < max {
+            match self.consumer.poll(timeout) {
+                Some(Ok(m)) => {
+                    let (topic, partition) = (m.topic(), m.partition() as u32);
+                    let rec = LogRecord {
+                        offset: m.offset() as u64,
+                        record: to_record(&m),
+                    };
+                    match groups
+                        .iter_mut()
+                        .find(|g| g.partition == partition && g.topic == topic)
+                    {
+                        Some(g) => g.records.push(rec),
+                        None => groups.push(Fetched {
+                            topic: topic.to_string(),
+                            partition,
+                            records: vec![rec],
+                        }),
+                    }
+                    n += 1;
+                    timeout = Duration::ZERO;
+                }
+                Some(Err(e)) => {
+                    tracing::warn!("input consumer: {e}");
+                    break;
+                }
+                None => break,
+            }
+        }
+        groups
+    }
+
+    /// Commits offsets (next offset to read) to the group, without waiting.
+    pub fn commit_async(&self, offsets: &[(String, u32, u64)]) -> Result<(), TransportError> {
+        let tpl = offsets_tpl(offsets)?;
+        self.consumer
+            .commit(&tpl, CommitMode::Async)
+            .map_err(|e| kerr("commit offsets", e))
+    }
+
+    /// The position (next offset) of a topic partition, when known.
+    pub fn position(&self, topic: &str, partition: u32) -> Option<u64> {
+        position(&self.consumer, topic, partition).map(|o| o.max(0) as u64)
+    }
+
+    /// The high watermark of a topic partition.
+    pub fn high_watermark(&self, topic: &str, partition: u32) -> Result<u64, TransportError> {
+        let (_, hi) = self
+            .consumer
+            .fetch_watermarks(topic, partition as i32, Duration::from_secs(10))
+            .map_err(|e| kerr(&format!("watermarks of {topic}/{partition}"), e))?;
+        Ok(hi.max(0) as u64)
+    }
+
+    /// The low watermark of a topic partition.
+    pub fn low_watermark(&self, topic: &str, partition: u32) -> Result<u64, TransportError> {
+        let (lo, _) = self
+            .consumer
+            .fetch_watermarks(topic, partition as i32, Duration::from_secs(10))
+            .map_err(|e| kerr(&format!("watermarks of {topic}/{partition}"), e))?;
+        Ok(lo.max(0) as u64)
+    }
+}
+
+fn offsets_tpl(offsets: &[(String, u32, u64)]) -> Result<TopicPartitionList, TransportError> {
+    let mut tpl = TopicPartitionList::new();
+    for (t, p, o) in offsets {
+        tpl.add_partition_offset(t, *p as i32, Offset::Offset(*o as i64))
+            .map_err(|e| kerr("offsets", e))?;
+    }
+    Ok(tpl)
+}
+
+/// Producer context of [`BatchProducer`]: the highest offset written per topic partition and
+/// the first delivery error, since the last [`BatchProducer::flush`].
+#[derive(Default)]
+struct OffsetContext {
+    state: Mutex<Delivered>,
+}
+
+/// Highest offset per topic partition, and the first delivery error.
+type Delivered = (HashMap<(String, u32), u64>, Option<String>);
+
+impl ClientContext for OffsetContext {}
+
+impl ProducerContext for OffsetContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        let mut st = self.state.lock();
+        match result {
+            Ok(m) => {
+                let e =
+                    st.0.entry((m.topic().to_string(), m.partition() as u32))
+                        .or_insert(0);
+                *e = (*e).max(m.offset().max(0) as u64);
+            }
+            Err((err, m)) => {
+                if st.1.is_none() {
+                    st.1 = Some(format!(
+                        "delivery to {}/{} failed: {err}",
+                        m.topic(),
+                        m.partition()
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// The producer of a partition: sends a batch's records, reports the offsets they got, and
+/// wraps them in a transaction when it is transactional.
+pub struct BatchProducer {
+    producer: BaseProducer<OffsetContext>,
+    transactional: bool,
+}
+
+const TXN_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl BatchProducer {
+    /// True for a transactional producer.
+    pub fn is_transactional(&self) -> bool {
+        self.transactional
+    }
+
+    /// Registers the transactional id with the coordinator, fencing any older producer with
+    /// the same id and aborting its open transaction.
+    pub fn init_transactions(&self) -> Result<(), TransportError> {
+        self.producer
+            .init_transactions(TXN_TIMEOUT)
+            .map_err(|e| kerr("init transactions", e))
+    }
+
+    /// Starts a transaction.
+    pub fn begin(&self) -> Result<(), TransportError> {
+        self.producer
+            .begin_transaction()
+            .map_err(|e| kerr("begin transaction", e))
+    }
+
+    /// Sends one record.
+    pub fn send(&self, topic: &str, partition: u32, r: &Record) -> Result<(), TransportError> {
+        send_record(&self.producer, topic, partition, r, ())
+    }
+
+    /// Waits until every record sent is acknowledged; returns the highest offset written per
+    /// topic partition since the last flush, or the first delivery error.
+    pub fn flush(&self) -> Result<HashMap<(String, u32), u64>, TransportError> {
+        self.producer
+            .flush(TXN_TIMEOUT)
+            .map_err(|e| kerr("flush", e))?;
+        let mut st = self.producer.context().state.lock();
+        let offsets = std::mem::take(&mut st.0);
+        if let Some(e) = st.1.take() {
+            return Err(TransportError::Kafka(e));
+        }
+        Ok(offsets)
+    }
+
+    /// Adds the consumer's offsets to the transaction and commits it.
+    pub fn commit(
+        &self,
+        offsets: &[(String, u32, u64)],
+        consumer: &InputConsumer,
+    ) -> Result<(), TransportError> {
+        let tpl = offsets_tpl(offsets)?;
+        let meta = consumer
+            .consumer
+            .group_metadata()
+            .ok_or_else(|| kerr("offsets", "the consumer has no group metadata"))?;
+        self.producer
+            .send_offsets_to_transaction(&tpl, &meta, TXN_TIMEOUT)
+            .map_err(|e| kerr("send offsets to transaction", e))?;
+        self.producer
+            .commit_transaction(TXN_TIMEOUT)
+            .map_err(|e| kerr("commit transaction", e))
+    }
+
+    /// Aborts the open transaction, if any; errors are logged (the next session fences anyway).
+    pub fn abort(&self) {
+        if let Err(e) = self.producer.abort_transaction(TXN_TIMEOUT) {
+            tracing::warn!("abort transaction: {e}");
+        }
+        let mut st = self.producer.context().state.lock();
+        st.0.clear();
+        st.1 = None;
     }
 }

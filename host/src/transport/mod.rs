@@ -66,6 +66,56 @@ pub enum TransportError {
     /// A file of the log holds bytes that do not parse.
     #[error("log corrupt: {0}")]
     Corrupt(String),
+    /// Kafka refused or did not answer.
+    #[error("kafka: {0}")]
+    Kafka(String),
+}
+
+/// What a topic is for, which decides its retention on Kafka.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopicKind {
+    /// Input, output and dead-letter topics: the broker's default retention.
+    Data,
+    /// Changelogs: compacted, so the latest value of every key is kept.
+    Compacted,
+    /// The control log and module chunks: kept forever.
+    Forever,
+}
+
+/// What the host needs from a log, served by the embedded log and by Kafka alike: topics,
+/// durable appends and reads. The partition loop's own data path is in `task::io`.
+pub trait Transport: Send + Sync {
+    /// `"embedded"` or `"kafka"`.
+    fn kind(&self) -> &'static str;
+    /// Creates `topic` if missing. `Ok(true)` if created, `Ok(false)` if it existed with that
+    /// count, [`TransportError::PartitionCountMismatch`] if it exists with another.
+    fn ensure_topic(
+        &self,
+        topic: &str,
+        partitions: u32,
+        kind: TopicKind,
+    ) -> Result<bool, TransportError>;
+    /// The partition count of `topic`, `None` when it does not exist.
+    fn partitions(&self, topic: &str) -> Result<Option<u32>, TransportError>;
+    /// Every topic with its partition count, sorted by name.
+    fn topics(&self) -> Result<Vec<(String, u32)>, TransportError>;
+    /// The offset the next record appended to the partition gets.
+    fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, TransportError>;
+    /// Appends records to one partition, durably; returns the offset of the first.
+    fn append(
+        &self,
+        topic: &str,
+        partition: u32,
+        records: &[Record],
+    ) -> Result<u64, TransportError>;
+    /// Reads up to `max` committed records from `offset` on.
+    fn read(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        max: usize,
+    ) -> Result<Vec<LogRecord>, TransportError>;
 }
 
 /// Checks a topic name with Kafka's rules, so that names work on both transports.

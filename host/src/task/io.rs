@@ -1,0 +1,294 @@
+//! How a batch reaches durable storage, per transport: the [`PartitionIo`] of a session.
+//!
+//! - Embedded log ([`EmbeddedIo`], an outbox): one RocksDB write carries the batch's state
+//!   writes, the input offsets, the batch sequence number and the batch's outputs; then the
+//!   outputs are appended as idempotent appends tagged with the partition's producer id and the
+//!   sequence. After a crash the outbox of the last committed batch is re-sent; the log skips
+//!   what it has.
+//! - Kafka ([`super::kafka::KafkaIo`]): one transaction carries the changelog records, the
+//!   outputs and the input offsets; only after it commits does RocksDB get the state writes with
+//!   the changelog and input offsets. RocksDB never holds uncommitted data; restore replays the
+//!   changelog from RocksDB's offsets.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::input_offset_key;
+use crate::cluster::PipelineRecord;
+use crate::runtime::Output;
+use crate::state::{PartitionDb, WriteOp};
+use crate::transport::embedded::{Appended, EmbeddedLog, decode_record, encode_record};
+use crate::transport::{LogRecord, Record};
+
+/// What one batch commits.
+pub struct Batch {
+    /// State writes, coalesced: the last value per key.
+    pub writes: Vec<WriteOp>,
+    /// Output records and dead letters.
+    pub outputs: Vec<Output>,
+    /// Per input (index into the pipeline's inputs) and slot: the next offset to read.
+    pub offsets: Vec<(usize, u32, u64)>,
+}
+
+/// Progress of a restore, shown by `GET /api/v1/partitions`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RestoreProgress {
+    /// Changelog records applied.
+    pub done: u64,
+    /// Changelog records to apply.
+    pub total: u64,
+    /// Records per second so far.
+    pub rate: f64,
+    /// True once caught up.
+    pub finished: bool,
+}
+
+/// The transport side of one session of a partition.
+pub trait PartitionIo: Send {
+    /// Brings the partition's state up to what was committed.
+    fn restore(
+        &mut self,
+        db: &PartitionDb,
+        progress: &dyn Fn(RestoreProgress),
+    ) -> anyhow::Result<()>;
+    /// Where each input resumes: next offset per input, per slot of the partition.
+    fn positions(&mut self, db: &PartitionDb) -> anyhow::Result<Vec<Vec<u64>>>;
+    /// Up to `max` records from the slots, grouped by (input, slot); waits a little (about
+    /// 100 ms) when there are none.
+    fn fetch(
+        &mut self,
+        next: &[Vec<u64>],
+        max: usize,
+    ) -> anyhow::Result<Vec<(usize, u32, Vec<LogRecord>)>>;
+    /// Commits a batch atomically; on error nothing of it is in RocksDB.
+    fn commit(&mut self, db: &PartitionDb, batch: Batch) -> anyhow::Result<()>;
+    /// The end of an input slot for lag: `next` when everything committed there is consumed.
+    fn end_offset(&mut self, input: usize, slot: u32, next: u64) -> Option<u64>;
+}
+
+/// Where a slot starts when nothing was committed for it: the pipeline's start offsets.
+pub fn start_offset(pipeline: &PipelineRecord, input: usize, slot: u32) -> u64 {
+    let topic = &pipeline.spec.inputs[input];
+    pipeline
+        .start_offsets
+        .get(topic)
+        .and_then(|v| v.get(slot as usize))
+        .copied()
+        .unwrap_or(0)
+}
+
+const SEQ_KEY: &str = "seq";
+const OUTBOX_KEY: &str = "outbox";
+
+/// The embedded log's side of a partition.
+pub struct EmbeddedIo {
+    log: Arc<EmbeddedLog>,
+    pipeline: Arc<PipelineRecord>,
+    slots: Range<u32>,
+    producer: String,
+    seq: u64,
+    rotate: usize,
+}
+
+impl EmbeddedIo {
+    /// The IO of partition `id` over `slots`.
+    pub fn new(
+        log: Arc<EmbeddedLog>,
+        pipeline: Arc<PipelineRecord>,
+        id: &str,
+        slots: Range<u32>,
+    ) -> Self {
+        let producer = format!("{}/{id}", pipeline.spec.name);
+        EmbeddedIo {
+            log,
+            pipeline,
+            slots,
+            producer,
+            seq: 0,
+            rotate: 0,
+        }
+    }
+
+    /// Appends a committed batch's outputs, idempotently (producer id + batch sequence).
+    fn publish(&self, outputs: &[Output], seq: u64) -> anyhow::Result<()> {
+        let mut groups: BTreeMap<(&str, u32), Vec<Record>> = BTreeMap::new();
+        for o in outputs {
+            groups
+                .entry((o.topic.as_str(), o.partition))
+                .or_default()
+                .push(o.record.clone());
+        }
+        for ((topic, partition), records) in groups {
+            let r = self.log.append(
+                topic,
+                partition,
+                &records,
+                Some((&self.producer, seq)),
+                false,
+            )?;
+            if r == Appended::Duplicate {
+                tracing::debug!(topic, partition, seq, "outbox already in the log");
+            }
+        }
+        Ok(())
+    }
+}
+
+impl PartitionIo for EmbeddedIo {
+    fn restore(
+        &mut self,
+        db: &PartitionDb,
+        progress: &dyn Fn(RestoreProgress),
+    ) -> anyhow::Result<()> {
+        self.seq = db.get_meta_u64(SEQ_KEY)?.unwrap_or(0);
+        if let Some(outbox) = db.get_meta(OUTBOX_KEY)? {
+            let outputs = decode_outbox(&outbox)?;
+            tracing::info!(
+                seq = self.seq,
+                outputs = outputs.len(),
+                "re-sending the outbox of the last committed batch"
+            );
+            self.publish(&outputs, self.seq)?;
+        }
+        progress(RestoreProgress {
+            done: 0,
+            total: 0,
+            rate: 0.0,
+            finished: true,
+        });
+        Ok(())
+    }
+
+    fn positions(&mut self, db: &PartitionDb) -> anyhow::Result<Vec<Vec<u64>>> {
+        let mut out = Vec::new();
+        for (ti, topic) in self.pipeline.spec.inputs.iter().enumerate() {
+            let mut v = Vec::new();
+            for slot in self.slots.clone() {
+                let start = start_offset(&self.pipeline, ti, slot);
+                v.push(
+                    db.get_meta_u64(&input_offset_key(topic, slot))?
+                        .unwrap_or(start),
+                );
+            }
+            out.push(v);
+        }
+        Ok(out)
+    }
+
+    fn fetch(
+        &mut self,
+        next: &[Vec<u64>],
+        max: usize,
+    ) -> anyhow::Result<Vec<(usize, u32, Vec<LogRecord>)>> {
+        let generation = self.log.generation();
+        let mut fetched = Vec::new();
+        let mut budget = max;
+        let n = self.slots.len();
+        // Start at a rotating slot so that none starves.
+        'fetch: for i in 0..n {
+            let idx = (self.rotate + i) % n;
+            let slot = self.slots.start + idx as u32;
+            for (ti, topic) in self.pipeline.spec.inputs.iter().enumerate() {
+                if budget == 0 {
+                    break 'fetch;
+                }
+                let recs = self.log.read(topic, slot, next[ti][idx], budget)?;
+                if !recs.is_empty() {
+                    budget -= recs.len();
+                    fetched.push((ti, slot, recs));
+                }
+            }
+        }
+        self.rotate = (self.rotate + 1) % n.max(1);
+        if fetched.is_empty() {
+            self.log
+                .wait_for_append(generation, Duration::from_millis(100));
+        }
+        Ok(fetched)
+    }
+
+    fn commit(&mut self, db: &PartitionDb, batch: Batch) -> anyhow::Result<()> {
+        let seq = self.seq + 1;
+        let mut meta = Vec::with_capacity(batch.offsets.len() + 2);
+        for (ti, slot, next) in &batch.offsets {
+            meta.push((
+                input_offset_key(&self.pipeline.spec.inputs[*ti], *slot),
+                Some(next.to_be_bytes().to_vec()),
+            ));
+        }
+        meta.push((SEQ_KEY.to_string(), Some(seq.to_be_bytes().to_vec())));
+        meta.push((
+            OUTBOX_KEY.to_string(),
+            (!batch.outputs.is_empty()).then(|| encode_outbox(&batch.outputs)),
+        ));
+        db.commit(batch.writes, &meta)?;
+        self.seq = seq;
+        self.publish(&batch.outputs, seq)
+    }
+
+    fn end_offset(&mut self, input: usize, slot: u32, _next: u64) -> Option<u64> {
+        self.log
+            .end_offset(&self.pipeline.spec.inputs[input], slot)
+            .ok()
+    }
+}
+
+fn encode_outbox(outputs: &[Output]) -> Vec<u8> {
+    let mut buf = Vec::new();
+    for o in outputs {
+        buf.extend_from_slice(&(o.topic.len() as u32).to_le_bytes());
+        buf.extend_from_slice(o.topic.as_bytes());
+        buf.extend_from_slice(&o.partition.to_le_bytes());
+        encode_record(&mut buf, &o.record);
+    }
+    buf
+}
+
+fn decode_outbox(mut b: &[u8]) -> anyhow::Result<Vec<Output>> {
+    let bad = || anyhow::anyhow!("the outbox in the partition's state does not decode");
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let n = u32::from_le_bytes(b.get(0..4).ok_or_else(bad)?.try_into()?) as usize;
+        let topic = String::from_utf8(b.get(4..4 + n).ok_or_else(bad)?.to_vec())?;
+        let partition = u32::from_le_bytes(b.get(4 + n..8 + n).ok_or_else(bad)?.try_into()?);
+        let (record, used) = decode_record(&b[8 + n..]).ok_or_else(bad)?;
+        out.push(Output {
+            topic,
+            partition,
+            record,
+        });
+        b = &b[8 + n + used..];
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outbox_round_trip() {
+        let outs = vec![
+            Output {
+                topic: "a".into(),
+                partition: 3,
+                record: Record {
+                    key: None,
+                    value: Some(b"v".to_vec()),
+                    headers: vec![],
+                    timestamp: 5,
+                },
+            },
+            Output {
+                topic: "bb".into(),
+                partition: 0,
+                record: Record::default(),
+            },
+        ];
+        assert_eq!(decode_outbox(&encode_outbox(&outs)).unwrap(), outs);
+    }
+}
