@@ -305,10 +305,28 @@ pub struct InProcess {
 }
 
 impl InProcess {
-    /// Opens a host on `dir` and serves its API on a free loopback port.
+    /// Opens a host on `dir` (embedded log) and serves its API on a free loopback port.
     pub async fn start(dir: &Path) -> Result<Self> {
+        Self::start_with(dir, None).await
+    }
+
+    /// Opens a host on `dir`, on Kafka when `kafka` names a bootstrap server.
+    pub async fn start_with(dir: &Path, kafka: Option<&str>) -> Result<Self> {
+        // BATON_TEST_LOG=info shows the in-process host's log.
+        if let Ok(filter) = std::env::var("BATON_TEST_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_test_writer()
+                .try_init();
+        }
         let mut cfg = baton::HostConfig::new(dir);
         cfg.state_memory = 64 << 20;
+        cfg.kafka = kafka.map(|b| baton::transport::kafka::KafkaConfig {
+            bootstrap: b.to_string(),
+            settings: vec![],
+        });
+        // Hosts of different tests share the broker, not a cluster.
+        cfg.cluster = cluster_name(dir);
         let baton = tokio::task::spawn_blocking(move || baton::Baton::open(cfg)).await??;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
@@ -384,6 +402,7 @@ impl ChildHost {
                 "--data-dir",
             ])
             .arg(dir)
+            .args(["--cluster", &cluster_name(dir)])
             .args(extra)
             .stdout(Stdio::null())
             .stderr(log)
@@ -482,4 +501,151 @@ pub fn count<'a>(keys: impl IntoIterator<Item = &'a str>) -> BTreeMap<String, i6
         *m.entry(k.to_string()).or_insert(0) += 1;
     }
     m
+}
+
+/// The broker of the test run (`BATON_KAFKA`, default 127.0.0.1:9092).
+pub fn kafka_bootstrap() -> String {
+    std::env::var("BATON_KAFKA").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+/// Kafka tests run one at a time: one of them restarts the broker.
+pub async fn kafka_lock() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::OnceLock<tokio::sync::Mutex<()>> = std::sync::OnceLock::new();
+    LOCK.get_or_init(|| tokio::sync::Mutex::new(()))
+        .lock()
+        .await
+}
+
+/// A name no earlier run used on the same broker.
+pub fn unique(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{prefix}-{}-{}", std::process::id(), nanos % 1_000_000_000)
+}
+
+/// A producer of test input on Kafka: idempotent, patient across broker restarts, and placing
+/// each record in slot murmur2(key) mod slots like any Kafka client with the default
+/// partitioner of the Java client.
+pub struct TestProducer {
+    producer: rdkafka::producer::FutureProducer,
+}
+
+impl TestProducer {
+    /// A producer for the test broker.
+    pub fn new() -> Result<Self> {
+        let producer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", kafka_bootstrap())
+            .set("enable.idempotence", "true")
+            .set("message.timeout.ms", "300000")
+            .set("linger.ms", "5")
+            .create()?;
+        Ok(TestProducer { producer })
+    }
+
+    /// Sends records and waits for every acknowledgement.
+    pub async fn send(&self, topic: &str, slots: u32, records: &[(String, String)]) -> Result<()> {
+        use rdkafka::producer::FutureRecord;
+        let mut futures = Vec::with_capacity(records.len());
+        for (k, v) in records {
+            let partition =
+                baton::transport::partitioner::partition_for_key(k.as_bytes(), slots) as i32;
+            let mut rec = FutureRecord::to(topic)
+                .key(k.as_bytes())
+                .payload(v.as_bytes())
+                .partition(partition);
+            // Enqueue now (send_result), wait for the acknowledgements after.
+            loop {
+                match self.producer.send_result(rec) {
+                    Ok(f) => break futures.push(f),
+                    Err((
+                        rdkafka::error::KafkaError::MessageProduction(
+                            rdkafka::types::RDKafkaErrorCode::QueueFull,
+                        ),
+                        back,
+                    )) => {
+                        rec = back;
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    Err((e, _)) => bail!("producing to {topic}: {e}"),
+                }
+            }
+        }
+        for f in futures {
+            f.await?
+                .map_err(|(e, _)| anyhow::anyhow!("producing to {topic}: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Every committed record of `topic` on the test broker as (key, value), read with
+/// isolation.level=read_committed.
+pub fn read_committed(topic: &str, partitions: u32) -> Result<Vec<(String, String)>> {
+    use baton::transport::Transport;
+    let t =
+        baton::transport::kafka::KafkaTransport::connect(baton::transport::kafka::KafkaConfig {
+            bootstrap: kafka_bootstrap(),
+            settings: vec![],
+        })?;
+    let mut out = Vec::new();
+    for p in 0..partitions {
+        let end = t.end_offset(topic, p)?;
+        let mut offset = 0;
+        while offset < end {
+            let recs = t.read(topic, p, offset, 10_000)?;
+            let Some(last) = recs.last() else { break };
+            offset = last.offset + 1;
+            for r in recs {
+                let text = |b: Option<Vec<u8>>| {
+                    String::from_utf8_lossy(&b.unwrap_or_default()).into_owned()
+                };
+                out.push((text(r.record.key), text(r.record.value)));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Runs `scripts/kafka ARG` (start, stop) of this checkout.
+pub fn kafka_script(arg: &str) -> Result<()> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/kafka");
+    let status = Command::new("bash").arg(script).arg(arg).status()?;
+    if !status.success() {
+        bail!("scripts/kafka {arg} failed: {status}");
+    }
+    Ok(())
+}
+
+/// The committed offsets of `group` for each partition of `topic` (0 where none).
+pub fn group_offsets(group: &str, topic: &str, partitions: u32) -> Result<Vec<u64>> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p as i32);
+    }
+    let got = consumer.committed_offsets(tpl, Duration::from_secs(30))?;
+    Ok((0..partitions)
+        .map(
+            |p| match got.find_partition(topic, p as i32).map(|e| e.offset()) {
+                Some(rdkafka::Offset::Offset(o)) if o > 0 => o as u64,
+                _ => 0,
+            },
+        )
+        .collect())
+}
+
+/// The cluster name of a test host: derived from its data dir, so that a restarted host on the
+/// same dir rejoins its cluster and hosts of other tests never see it.
+pub fn cluster_name(dir: &Path) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    dir.hash(&mut h);
+    format!("test-{:016x}", h.finish())
 }

@@ -12,7 +12,7 @@ use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 
 use crate::cluster::{
-    CONTROL_TOPIC, Catalog, ControlEvent, ModuleRecord, PipelineRecord, PipelineSpec, Start, now_ms,
+    Catalog, ControlEvent, ModuleRecord, PipelineRecord, PipelineSpec, Start, now_ms,
 };
 use crate::error::{Error, Result};
 use crate::runtime::{Module, Runtime, WIT_PACKAGE, WIT_VERSION};
@@ -27,8 +27,6 @@ use crate::transport::kafka::{KafkaConfig, KafkaTransport};
 use crate::transport::partitioner::partition_for_key;
 use crate::transport::{LogRecord, Record, TopicKind, Transport};
 
-/// The topic holding module bytes in chunks (Kafka mode), so that no shared filesystem is needed.
-pub const MODULES_TOPIC: &str = "baton.modules";
 /// Size of a module chunk: well under Kafka's default 1 MB message limit.
 const MODULE_CHUNK: usize = 512 << 10;
 
@@ -45,6 +43,9 @@ pub struct HostConfig {
     pub host_id: String,
     /// Kafka, or `None` for the embedded log.
     pub kafka: Option<KafkaConfig>,
+    /// Name of the cluster: its control log is `<cluster>.control` and its module chunks
+    /// `<cluster>.modules`, so that several baton clusters can share one Kafka cluster.
+    pub cluster: String,
 }
 
 impl HostConfig {
@@ -56,6 +57,7 @@ impl HostConfig {
             task: TaskConfig::default(),
             host_id: "local".into(),
             kafka: None,
+            cluster: "baton".into(),
         }
     }
 }
@@ -173,6 +175,8 @@ pub struct Produced {
 /// A baton host.
 pub struct Baton {
     config: HostConfig,
+    control_topic: String,
+    modules_topic: String,
     transport: Arc<dyn Transport>,
     embedded: Option<Arc<EmbeddedLog>>,
     kafka: Option<Arc<KafkaTransport>>,
@@ -205,15 +209,27 @@ impl Baton {
         let state = Arc::new(StateEnv::new(config.state_memory));
         let runtime = Runtime::new(config.data_dir.join("compiled"))?;
         std::fs::create_dir_all(config.data_dir.join("modules"))?;
-        transport.ensure_topic(CONTROL_TOPIC, 1, TopicKind::Forever)?;
+        anyhow::ensure!(
+            !config.cluster.is_empty()
+                && config.cluster.len() <= 64
+                && config
+                    .cluster
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)),
+            "invalid cluster name `{}`: use 1 to 64 ASCII letters, digits, '-', '_' and '.'",
+            config.cluster
+        );
+        let control_topic = format!("{}.control", config.cluster);
+        let modules_topic = format!("{}.modules", config.cluster);
+        transport.ensure_topic(&control_topic, 1, TopicKind::Forever)?;
         if kafka.is_some() {
-            transport.ensure_topic(MODULES_TOPIC, 1, TopicKind::Forever)?;
+            transport.ensure_topic(&modules_topic, 1, TopicKind::Forever)?;
         }
         let mut catalog = Catalog::default();
-        let end = transport.end_offset(CONTROL_TOPIC, 0)?;
+        let end = transport.end_offset(&control_topic, 0)?;
         let mut offset = 0;
         while offset < end {
-            let records = transport.read(CONTROL_TOPIC, 0, offset, 1024)?;
+            let records = transport.read(&control_topic, 0, offset, 1024)?;
             if records.is_empty() {
                 break;
             }
@@ -228,6 +244,8 @@ impl Baton {
         }
         let baton = Arc::new(Baton {
             config,
+            control_topic,
+            modules_topic,
             transport,
             embedded,
             kafka,
@@ -288,7 +306,7 @@ impl Baton {
             headers: vec![],
             timestamp: now_ms(),
         };
-        self.transport.append(CONTROL_TOPIC, 0, &[record])?;
+        self.transport.append(&self.control_topic, 0, &[record])?;
         Ok(())
     }
 
@@ -301,10 +319,10 @@ impl Baton {
         anyhow::ensure!(self.kafka.is_some(), "{} is missing", path.display());
         let mut chunks: BTreeMap<usize, Vec<u8>> = BTreeMap::new();
         let mut count = None;
-        let end = self.transport.end_offset(MODULES_TOPIC, 0)?;
+        let end = self.transport.end_offset(&self.modules_topic, 0)?;
         let mut offset = 0;
         while offset < end {
-            let records = self.transport.read(MODULES_TOPIC, 0, offset, 256)?;
+            let records = self.transport.read(&self.modules_topic, 0, offset, 256)?;
             if records.is_empty() {
                 break;
             }
@@ -326,12 +344,13 @@ impl Baton {
                 chunks.insert(i, r.record.value.unwrap_or_default());
             }
         }
-        let n: usize =
-            count.ok_or_else(|| anyhow::anyhow!("module {sha256} is not in {MODULES_TOPIC}"))?;
+        let n: usize = count
+            .ok_or_else(|| anyhow::anyhow!("module {sha256} is not in {}", self.modules_topic))?;
         anyhow::ensure!(
             chunks.len() == n,
-            "module {sha256}: {} of {n} chunks in {MODULES_TOPIC}",
-            chunks.len()
+            "module {sha256}: {} of {n} chunks in {}",
+            chunks.len(),
+            self.modules_topic
         );
         let bytes: Vec<u8> = chunks.into_values().flatten().collect();
         anyhow::ensure!(
@@ -399,7 +418,7 @@ impl Baton {
                 .collect();
             for r in records {
                 self.transport
-                    .append(MODULES_TOPIC, 0, std::slice::from_ref(&r))?;
+                    .append(&self.modules_topic, 0, std::slice::from_ref(&r))?;
             }
         }
         let record = ModuleRecord {

@@ -19,6 +19,8 @@ pub struct FileConfig {
     pub max_batch: Option<usize>,
     /// `max_call = 512`: most records per guest call.
     pub max_call: Option<usize>,
+    /// `cluster = "baton"`: the cluster's name; its control log is `<cluster>.control`.
+    pub cluster: Option<String>,
     /// `kafka = "127.0.0.1:9092"`: run on Kafka instead of the embedded log.
     pub kafka: Option<String>,
     /// `kafka_config = { "compression.type" = "lz4" }`: librdkafka settings for every client.

@@ -50,6 +50,9 @@ struct RunArgs {
     /// Kafka bootstrap servers, e.g. 127.0.0.1:9092; without it baton runs on the embedded log.
     #[arg(long)]
     kafka: Option<String>,
+    /// Cluster name: the control log is `<cluster>.control` [default: baton].
+    #[arg(long)]
+    cluster: Option<String>,
     /// A librdkafka setting for every client, key=value (repeatable).
     #[arg(long = "kafka-config", value_parser = parse_key_value)]
     kafka_config: Vec<(String, String)>,
@@ -92,6 +95,9 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(n) = args.max_call.or(file.max_call) {
         anyhow::ensure!(n > 0, "--max-call must be at least 1");
         config.task.max_call = n;
+    }
+    if let Some(c) = args.cluster.or(file.cluster) {
+        config.cluster = c;
     }
     if let Some(bootstrap) = args.kafka.or(file.kafka) {
         let mut settings: Vec<(String, String)> = file.kafka_config.into_iter().collect();

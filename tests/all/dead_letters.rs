@@ -3,18 +3,20 @@
 
 use std::time::Duration;
 
-use baton_tests::{InProcess, count, words};
+use baton_tests::{InProcess, count, kafka_bootstrap, kafka_lock, unique, words};
 use serde_json::json;
 
-async fn poison_run(mode: &str) -> anyhow::Result<()> {
+async fn poison_run(mode: &str, kafka: bool) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let host = InProcess::start(dir.path()).await?;
+    let bootstrap = kafka_bootstrap();
+    let host = InProcess::start_with(dir.path(), kafka.then_some(bootstrap.as_str())).await?;
     let api = &host.api;
     api.upload_plugin("fail-on", "fail-on", "1").await?;
-    let name = format!("poison-{mode}");
+    let name = unique(&format!("poison-{mode}"));
+    let input = unique("in");
     api.create_pipeline(json!({
         "name": name, "module": "fail-on", "version": "1",
-        "inputs": ["in"], "stores": ["counts"], "slots": 4, "partitions": 2,
+        "inputs": [input], "stores": ["counts"], "slots": 4, "partitions": 2,
         "config": {"value": "boom", "mode": mode}
     }))
     .await?;
@@ -30,7 +32,7 @@ async fn poison_run(mode: &str) -> anyhow::Result<()> {
             )
         })
         .collect();
-    let positions = api.produce("in", &recs).await?;
+    let positions = api.produce(&input, &recs).await?;
     api.wait_caught_up(&name, 3_000, Duration::from_secs(60))
         .await?;
 
@@ -62,7 +64,7 @@ async fn poison_run(mode: &str) -> anyhow::Result<()> {
             .unwrap_or_else(|| panic!("no dead letter for record {i} at {slot}/{offset}: {dlq:?}"));
         assert_eq!(d.key.as_deref(), Some(keys[i].as_str()));
         assert_eq!(d.value.as_deref(), Some("boom"));
-        assert_eq!(d.headers["baton.topic"], "in");
+        assert_eq!(d.headers["baton.topic"], input);
         let err = &d.headers["baton.error"];
         assert!(err.contains("poison value"), "{err}");
         let kind = if mode == "trap" {
@@ -86,10 +88,22 @@ async fn poison_run(mode: &str) -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_erroring_record_goes_to_the_dlq_and_the_rest_is_processed() -> anyhow::Result<()> {
-    poison_run("error").await
+    poison_run("error", false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_kafka_an_erroring_record_goes_to_the_dlq_topic() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    poison_run("error", true).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_kafka_a_trapping_record_goes_to_the_dlq_topic() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    poison_run("trap", true).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trapping_record_goes_to_the_dlq_and_the_rest_is_processed() -> anyhow::Result<()> {
-    poison_run("trap").await
+    poison_run("trap", false).await
 }

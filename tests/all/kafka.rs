@@ -1,20 +1,26 @@
-//! The broker started by `scripts/kafka` is reachable with rdkafka's admin client.
+//! baton on a real Apache Kafka broker (started by `scripts/kafka`): exact counts, `kill -9`,
+//! loss of the data dir, a broker restart, and at-least-once. Kafka tests hold `kafka_lock`, as
+//! one of them restarts the broker.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use baton::transport::TransportError;
 use baton::transport::kafka::{KafkaAdmin, KafkaError};
-
-fn bootstrap() -> String {
-    std::env::var("BATON_KAFKA").unwrap_or_else(|_| "127.0.0.1:9092".into())
-}
+use baton_tests::{
+    Api, ChildHost, InProcess, TestProducer, count, kafka_bootstrap, kafka_lock, kafka_script,
+    read_committed, unique, wait_for, words,
+};
+use serde_json::json;
+use tokio::sync::Mutex;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_client_creates_and_lists_a_topic() -> anyhow::Result<()> {
-    let admin = KafkaAdmin::new(&bootstrap(), &[])?;
-    let name = format!(
-        "baton-test-{}-{}",
-        std::process::id(),
-        baton::cluster::now_ms()
-    );
+    let _k = kafka_lock().await;
+    let admin = KafkaAdmin::new(&kafka_bootstrap(), &[])?;
+    let name = unique("baton-test");
     assert!(
         admin
             .ensure_topic(&name, 3, &[("cleanup.policy", "compact")])
@@ -38,4 +44,292 @@ async fn admin_client_creates_and_lists_a_topic() -> anyhow::Result<()> {
     }
     admin.delete_topics(&[&name]).await?;
     Ok(())
+}
+
+/// Checks every count of `pipeline` against `expected`.
+async fn assert_counts(
+    api: &Api,
+    pipeline: &str,
+    expected: &BTreeMap<String, i64>,
+) -> anyhow::Result<()> {
+    for (key, n) in expected {
+        assert_eq!(
+            api.counter(pipeline, "counts", key).await?,
+            Some(*n),
+            "count of {key} in {pipeline}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn word_count_is_exact_over_200k_records_in_16_slots() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dir = tempfile::tempdir()?;
+    let host = InProcess::start_with(dir.path(), Some(&kafka_bootstrap())).await?;
+    let (name, input) = (unique("wc"), unique("words"));
+    host.api
+        .upload_plugin("word-count", "word-count", "1")
+        .await?;
+    host.api
+        .create_pipeline(json!({
+            "name": name, "module": "word-count", "version": "1",
+            "inputs": [input], "stores": ["counts"], "slots": 16, "partitions": 4
+        }))
+        .await?;
+    let keys = words(200_000, 5_000, 9);
+    let producer = TestProducer::new()?;
+    for chunk in keys.chunks(20_000) {
+        let recs: Vec<_> = chunk.iter().map(|k| (k.clone(), "1".to_string())).collect();
+        producer.send(&input, 16, &recs).await?;
+    }
+    host.api
+        .wait_caught_up(&name, 200_000, Duration::from_secs(180))
+        .await?;
+    assert_counts(&host.api, &name, &count(keys.iter().map(String::as_str))).await?;
+
+    // The changelog is a compacted topic with a partition per slot, and the input offsets are
+    // the consumer group's, so standard tools show the pipeline's lag.
+    let admin = KafkaAdmin::new(&kafka_bootstrap(), &[])?;
+    let changelog = admin
+        .topic(&format!("baton.{name}.counts.changelog"))?
+        .expect("changelog topic");
+    assert_eq!(changelog.partitions, 16);
+    let committed = baton_tests::group_offsets(&format!("baton.{name}"), &input, 16)?;
+    assert_eq!(committed.iter().sum::<u64>(), 200_000, "{committed:?}");
+    host.stop().await
+}
+
+/// Input, two pipelines over it (word-count and uppercase), and what the test sent.
+struct Flow {
+    input: String,
+    output: String,
+    wc: String,
+    up: String,
+    sent: Arc<Mutex<Vec<(String, String)>>>,
+}
+
+async fn deploy(api: &Api, guarantee: &str) -> anyhow::Result<Flow> {
+    let flow = Flow {
+        input: unique("in"),
+        output: unique("out"),
+        wc: unique("wc"),
+        up: unique("up"),
+        sent: Arc::new(Mutex::new(Vec::new())),
+    };
+    api.upload_plugin("word-count", "word-count", "1").await?;
+    api.upload_plugin("uppercase", "uppercase", "1").await?;
+    api.create_pipeline(json!({
+        "name": flow.wc, "module": "word-count", "version": "1", "inputs": [flow.input],
+        "stores": ["counts"], "slots": 8, "partitions": 3, "guarantee": guarantee
+    }))
+    .await?;
+    api.create_pipeline(json!({
+        "name": flow.up, "module": "uppercase", "version": "1", "inputs": [flow.input],
+        "outputs": [flow.output], "slots": 8, "partitions": 2, "guarantee": guarantee,
+        "config": {"output": flow.output}
+    }))
+    .await?;
+    Ok(flow)
+}
+
+/// Sends chunks of records until `stop`; every record has a unique value.
+fn produce_until(
+    flow: &Flow,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<anyhow::Result<()>> {
+    let (input, sent) = (flow.input.clone(), flow.sent.clone());
+    tokio::spawn(async move {
+        let producer = TestProducer::new()?;
+        let keys = words(400_000, 2_000, 13);
+        for (c, chunk) in keys.chunks(2_000).enumerate() {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let recs: Vec<_> = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, k)| (k.clone(), format!("v{}-{i}", c)))
+                .collect();
+            producer.send(&input, 8, &recs).await?;
+            sent.lock().await.extend(recs);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    })
+}
+
+/// Kills the host 3 times while records flow, each time once it made progress with input left.
+async fn kill_three_times(
+    dir: &std::path::Path,
+    flags: &[&str],
+    mut host: ChildHost,
+    flow: &Flow,
+) -> anyhow::Result<ChildHost> {
+    for round in 0..3u64 {
+        wait_for(
+            "progress with input left before the kill",
+            Duration::from_secs(120),
+            || {
+                let api = host.api.clone();
+                let wc = flow.wc.clone();
+                async move {
+                    let parts = api.partitions().await?;
+                    let mine: Vec<_> = parts
+                        .iter()
+                        .filter(|p| p["pipeline"] == wc.as_str())
+                        .collect();
+                    let done: u64 = mine
+                        .iter()
+                        .map(|p| p["records"].as_u64().unwrap_or(0))
+                        .sum();
+                    let lag: u64 = mine.iter().map(|p| p["lag"].as_u64().unwrap_or(0)).sum();
+                    Ok((done > 1_000 && lag > 0).then_some(()))
+                }
+            },
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_millis(30 + 70 * round)).await;
+        host.kill9()?;
+        host = ChildHost::start(dir, flags).await?;
+    }
+    Ok(host)
+}
+
+async fn wait_both(api: &Api, flow: &Flow, total: u64) -> anyhow::Result<()> {
+    api.wait_caught_up(&flow.wc, total, Duration::from_secs(180))
+        .await?;
+    api.wait_caught_up(&flow.up, total, Duration::from_secs(180))
+        .await
+}
+
+fn expected_outputs(sent: &[(String, String)]) -> BTreeMap<(String, String), usize> {
+    let mut m = BTreeMap::new();
+    for (k, v) in sent {
+        *m.entry((k.clone(), v.to_uppercase())).or_insert(0) += 1;
+    }
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_survives_three_kill_9_and_the_loss_of_the_data_dir() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dir = tempfile::tempdir()?;
+    let bootstrap = kafka_bootstrap();
+    let flags = ["--kafka", bootstrap.as_str(), "--max-batch", "500"];
+    let host = ChildHost::start(dir.path(), &flags).await?;
+    let flow = deploy(&host.api, "exactly-once").await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = produce_until(&flow, stop.clone());
+    let host = kill_three_times(dir.path(), &flags, host, &flow).await?;
+    stop.store(true, Ordering::Relaxed);
+    producer.await??;
+    let sent = flow.sent.lock().await.clone();
+    assert!(sent.len() >= 4_000, "only {} records were sent", sent.len());
+    wait_both(&host.api, &flow, sent.len() as u64).await?;
+
+    let expected = count(sent.iter().map(|(k, _)| k.as_str()));
+    assert_counts(&host.api, &flow.wc, &expected).await?;
+    // Each expected output record is in the output topic exactly once (read_committed).
+    let out = read_committed(&flow.output, 8)?;
+    let mut got = BTreeMap::new();
+    for kv in out {
+        *got.entry(kv).or_insert(0usize) += 1;
+    }
+    assert_eq!(got.len(), sent.len(), "distinct output records");
+    assert_eq!(got, expected_outputs(&sent), "every output exactly once");
+
+    // Lose the data dir: state comes back from the changelog, modules and pipelines from Kafka.
+    host.terminate()?;
+    std::fs::remove_dir_all(dir.path())?;
+    let host = ChildHost::start(dir.path(), &flags).await?;
+    wait_both(&host.api, &flow, sent.len() as u64).await?;
+    let parts = host.api.partitions().await?;
+    let restored: u64 = parts
+        .iter()
+        .filter(|p| p["pipeline"] == flow.wc.as_str())
+        .map(|p| p["restore"]["done"].as_u64().unwrap_or(0))
+        .sum();
+    // Every key has at least one changelog record; batches write a key's last value once each.
+    assert!(
+        restored as usize >= expected.len(),
+        "restored {restored} changelog records for {} keys",
+        expected.len()
+    );
+    assert_counts(&host.api, &flow.wc, &expected).await?;
+    host.terminate()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_least_once_loses_nothing_across_three_kill_9() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dir = tempfile::tempdir()?;
+    let bootstrap = kafka_bootstrap();
+    let flags = ["--kafka", bootstrap.as_str(), "--max-batch", "500"];
+    let host = ChildHost::start(dir.path(), &flags).await?;
+    let flow = deploy(&host.api, "at-least-once").await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = produce_until(&flow, stop.clone());
+    let host = kill_three_times(dir.path(), &flags, host, &flow).await?;
+    stop.store(true, Ordering::Relaxed);
+    producer.await??;
+    let sent = flow.sent.lock().await.clone();
+    wait_both(&host.api, &flow, sent.len() as u64).await?;
+
+    let expected = count(sent.iter().map(|(k, _)| k.as_str()));
+    let mut counted_twice = 0i64;
+    for (key, n) in &expected {
+        let got = host
+            .api
+            .counter(&flow.wc, "counts", key)
+            .await?
+            .unwrap_or(0);
+        assert!(got >= *n, "count of {key}: {got} < {n}: a record was lost");
+        counted_twice += got - n;
+    }
+    let out = read_committed(&flow.output, 8)?;
+    let mut got = BTreeMap::new();
+    for kv in out {
+        *got.entry(kv).or_insert(0usize) += 1;
+    }
+    let want = expected_outputs(&sent);
+    for kv in want.keys() {
+        assert!(got.contains_key(kv), "output {kv:?} is missing");
+    }
+    let outputs_twice: usize = got.values().map(|n| n - 1).sum();
+    println!(
+        "at-least-once over 3 kills: {} records, {counted_twice} counted twice, {outputs_twice} outputs written twice",
+        sent.len()
+    );
+    host.terminate()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_restart_is_survived_with_exact_counts() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dir = tempfile::tempdir()?;
+    let host = InProcess::start_with(dir.path(), Some(&kafka_bootstrap())).await?;
+    let (name, input) = (unique("wc"), unique("words"));
+    host.api
+        .upload_plugin("word-count", "word-count", "1")
+        .await?;
+    host.api
+        .create_pipeline(json!({
+            "name": name, "module": "word-count", "version": "1",
+            "inputs": [input], "stores": ["counts"], "slots": 8, "partitions": 2
+        }))
+        .await?;
+    let keys = words(60_000, 1_000, 21);
+    let producer = TestProducer::new()?;
+    let recs: Vec<_> = keys.iter().map(|k| (k.clone(), "1".to_string())).collect();
+    producer.send(&input, 8, &recs[..30_000]).await?;
+    // Restart the broker while baton works on the first half.
+    tokio::task::spawn_blocking(|| kafka_script("stop").and_then(|_| kafka_script("start")))
+        .await??;
+    producer.send(&input, 8, &recs[30_000..]).await?;
+    host.api
+        .wait_caught_up(&name, 60_000, Duration::from_secs(240))
+        .await?;
+    assert_counts(&host.api, &name, &count(keys.iter().map(String::as_str))).await?;
+    host.stop().await
 }

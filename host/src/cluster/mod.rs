@@ -1,6 +1,6 @@
 //! The control plane: pipeline specs, the module registry and the partition table, recorded as
-//! events in the control log (`baton.control`, one partition, read from the start on every
-//! boot). The log's total order is the source of truth; the in-memory catalog is its replay.
+//! events in the control log (`<cluster>.control`, by default `baton.control`, one partition,
+//! read from the start on every boot). The log's total order is the source of truth; the in-memory catalog is its replay.
 
 pub mod pipeline;
 
@@ -9,9 +9,6 @@ pub use pipeline::{Guarantee, PipelineRecord, PipelineSpec, Start};
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-
-/// The topic of the control log.
-pub const CONTROL_TOPIC: &str = "baton.control";
 
 /// A module version in the registry.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

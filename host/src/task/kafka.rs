@@ -45,6 +45,7 @@ pub struct KafkaIo {
     producer: BatchProducer,
     changelogs: Vec<String>,
     ends: HashMap<(usize, u32), (u64, Instant)>,
+    linger: Duration,
 }
 
 impl KafkaIo {
@@ -69,6 +70,8 @@ impl KafkaIo {
             .iter()
             .map(|s| changelog_topic(name, s))
             .collect();
+        // A transaction costs a few round trips: gather records longer under exactly-once.
+        let linger = Duration::from_millis(if eos { 50 } else { 10 });
         Ok(KafkaIo {
             transport,
             pipeline,
@@ -77,6 +80,7 @@ impl KafkaIo {
             producer,
             changelogs,
             ends: HashMap::new(),
+            linger,
         })
     }
 
@@ -162,7 +166,11 @@ impl PartitionIo for KafkaIo {
         let mut last_progress = Instant::now();
         let mut last_log = Instant::now();
         while !pending.is_empty() {
-            let fetched = reader.fetch(10_000, Duration::from_millis(200));
+            let fetched = reader.fetch(
+                10_000,
+                Duration::from_millis(200),
+                Duration::from_millis(20),
+            );
             let mut writes = Vec::new();
             let mut meta = Vec::new();
             for f in &fetched {
@@ -240,7 +248,9 @@ impl PartitionIo for KafkaIo {
         _next: &[Vec<u64>],
         max: usize,
     ) -> anyhow::Result<Vec<(usize, u32, Vec<LogRecord>)>> {
-        let fetched = self.consumer.fetch(max, Duration::from_millis(100));
+        let fetched = self
+            .consumer
+            .fetch(max, Duration::from_millis(100), self.linger);
         let inputs = &self.pipeline.spec.inputs;
         Ok(fetched
             .into_iter()

@@ -46,6 +46,26 @@ impl KafkaConfig {
     }
 }
 
+/// Runs a future to completion on this thread. The admin client's futures are completed by
+/// librdkafka's own threads, so no async runtime is needed (nor may one be dropped here).
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+}
+
 fn kerr(what: &str, e: impl std::fmt::Display) -> TransportError {
     TransportError::Kafka(format!("{what}: {e}"))
 }
@@ -295,7 +315,6 @@ fn send_record<C: ProducerContext>(
 pub struct KafkaTransport {
     config: KafkaConfig,
     admin: KafkaAdmin,
-    rt: tokio::runtime::Runtime,
     producer: BaseProducer<AppendContext>,
     reader: Mutex<BaseConsumer>,
 }
@@ -328,14 +347,9 @@ impl KafkaTransport {
             .client(&[CONSUMER_DEFAULTS, &[("group.id", "baton.reader")]].concat())
             .create()
             .map_err(|e| kerr("consumer", e))?;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| kerr("runtime", e))?;
         let t = KafkaTransport {
             config,
             admin,
-            rt,
             producer,
             reader: Mutex::new(reader),
         };
@@ -369,6 +383,10 @@ impl KafkaTransport {
             ("enable.idempotence", "true"),
             ("acks", "all"),
             ("linger.ms", "2"),
+            // A new transaction right after a commit meets CONCURRENT_TRANSACTIONS while the
+            // markers are written; retry quickly instead of librdkafka's 100 ms default.
+            ("retry.backoff.ms", "5"),
+            ("retry.backoff.max.ms", "50"),
         ];
         if let Some(id) = transactional_id {
             defaults.push(("transactional.id", id));
@@ -403,13 +421,24 @@ impl Transport for KafkaTransport {
             TopicKind::Compacted => &[("cleanup.policy", "compact")],
             TopicKind::Forever => &[("retention.ms", "-1"), ("retention.bytes", "-1")],
         };
-        match self
-            .rt
-            .block_on(self.admin.ensure_topic(topic, partitions, configs))
-        {
-            Ok(created) => Ok(created),
-            Err(KafkaError::Topic(e)) => Err(e),
-            Err(e) => Err(kerr(&format!("creating topic `{topic}`"), e)),
+        let created = match block_on(self.admin.ensure_topic(topic, partitions, configs)) {
+            Ok(created) => created,
+            Err(KafkaError::Topic(e)) => return Err(e),
+            Err(e) => return Err(kerr(&format!("creating topic `{topic}`"), e)),
+        };
+        // Creation is asynchronous in the cluster: wait until the metadata shows every partition.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.admin.topic(topic) {
+                Ok(Some(t)) if t.partitions == partitions => return Ok(created),
+                _ if Instant::now() > deadline => {
+                    return Err(kerr(
+                        &format!("topic `{topic}`"),
+                        "not in the cluster metadata 30 s after creation",
+                    ));
+                }
+                _ => std::thread::sleep(Duration::from_millis(50)),
+            }
         }
     }
 
@@ -591,13 +620,19 @@ impl InputConsumer {
         self.consumer.assign(&tpl).map_err(|e| kerr("assign", e))
     }
 
-    /// Waits up to `wait` for records, then takes what is ready, up to `max`, grouped by topic
-    /// partition.
-    pub fn fetch(&self, max: usize, wait: Duration) -> Vec<Fetched> {
+    /// Waits up to `wait` for a record, then takes records for up to `linger` more, up to
+    /// `max`, grouped by topic partition.
+    pub fn fetch(&self, max: usize, wait: Duration, linger: Duration) -> Vec<Fetched> {
         let mut groups: Vec<Fetched> = Vec::new();
         let mut n = 0;
         let mut timeout = wait;
+        let mut until: Option<Instant> = None;
         while n < max {
+            if let Some(u) = until {
+                // Once records flow, keep taking them for `linger`, so that a batch (and its
+                // transaction) carries many records.
+                timeout = u.saturating_duration_since(Instant::now());
+            }
             match self.consumer.poll(timeout) {
                 Some(Ok(m)) => {
                     let (topic, partition) = (m.topic(), m.partition() as u32);
@@ -617,7 +652,7 @@ impl InputConsumer {
                         }),
                     }
                     n += 1;
-                    timeout = Duration::ZERO;
+                    until.get_or_insert_with(|| Instant::now() + linger);
                 }
                 Some(Err(e)) => {
                     tracing::warn!("input consumer: {e}");
