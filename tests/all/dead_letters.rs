@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use baton_tests::{InProcess, count, kafka_bootstrap, kafka_lock, unique, words};
+use baton_tests::{InProcess, count, kafka_bootstrap, kafka_lock, unique, wait_for, words};
 use serde_json::json;
 
 async fn poison_run(mode: &str, kafka: bool) -> anyhow::Result<()> {
@@ -50,8 +50,18 @@ async fn poison_run(mode: &str, kafka: bool) -> anyhow::Result<()> {
             "count of {k}"
         );
     }
-    // Exactly the poison records are dead letters, with the error and their origin.
-    let dlq = api.read_topic(&format!("baton.{name}.dlq"), 4).await?;
+    // Exactly the poison records are dead letters, with the error and their origin. On Kafka a
+    // committed transaction's markers reach the partitions shortly after the commit returns, so
+    // wait until read_committed sees at least three; then there must be exactly three.
+    let topic = format!("baton.{name}.dlq");
+    let dlq = wait_for("three dead letters", Duration::from_secs(30), || {
+        let (api, topic) = (api.clone(), topic.clone());
+        async move {
+            let d = api.read_topic(&topic, 4).await?;
+            Ok((d.len() >= 3).then_some(d))
+        }
+    })
+    .await?;
     assert_eq!(dlq.len(), 3, "{dlq:?}");
     for i in poison_at {
         let (slot, offset) = positions[i];

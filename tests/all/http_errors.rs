@@ -244,6 +244,9 @@ async fn bad_requests_get_a_4xx_naming_the_problem() -> anyhow::Result<()> {
     assert_eq!(r.status, 400);
     assert_eq!(api.get("/api/v1/nothing-here").await?.status, 404);
     assert_eq!(api.get("/healthz").await?.status, 200);
+    let h = api.get("/api/v1/host").await?;
+    assert_eq!(h.body["transport"], "embedded");
+    assert_eq!(h.body["state_memory"]["bound"], 64 << 20);
 
     // Tombstones and headers round-trip through produce and read.
     let r = api

@@ -62,21 +62,32 @@ async fn assert_counts(
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn word_count_is_exact_over_200k_records_in_16_slots() -> anyhow::Result<()> {
-    let _k = kafka_lock().await;
-    let dir = tempfile::tempdir()?;
-    let host = InProcess::start_with(dir.path(), Some(&kafka_bootstrap())).await?;
+/// An in-process host on Kafka running word-count over a new input topic; returns the host,
+/// the pipeline and the input topic.
+async fn word_count_on_kafka(
+    dir: &std::path::Path,
+    slots: u32,
+    partitions: u32,
+) -> anyhow::Result<(InProcess, String, String)> {
+    let host = InProcess::start_with(dir, Some(&kafka_bootstrap())).await?;
     let (name, input) = (unique("wc"), unique("words"));
     host.api
         .upload_plugin("word-count", "word-count", "1")
         .await?;
     host.api
         .create_pipeline(json!({
-            "name": name, "module": "word-count", "version": "1",
-            "inputs": [input], "stores": ["counts"], "slots": 16, "partitions": 4
+            "name": name, "module": "word-count", "version": "1", "inputs": [input],
+            "stores": ["counts"], "slots": slots, "partitions": partitions
         }))
         .await?;
+    Ok((host, name, input))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn word_count_is_exact_over_200k_records_in_16_slots() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dir = tempfile::tempdir()?;
+    let (host, name, input) = word_count_on_kafka(dir.path(), 16, 4).await?;
     let keys = words(200_000, 5_000, 9);
     let producer = TestProducer::new()?;
     for chunk in keys.chunks(20_000) {
@@ -308,17 +319,7 @@ async fn at_least_once_loses_nothing_across_three_kill_9() -> anyhow::Result<()>
 async fn a_broker_restart_is_survived_with_exact_counts() -> anyhow::Result<()> {
     let _k = kafka_lock().await;
     let dir = tempfile::tempdir()?;
-    let host = InProcess::start_with(dir.path(), Some(&kafka_bootstrap())).await?;
-    let (name, input) = (unique("wc"), unique("words"));
-    host.api
-        .upload_plugin("word-count", "word-count", "1")
-        .await?;
-    host.api
-        .create_pipeline(json!({
-            "name": name, "module": "word-count", "version": "1",
-            "inputs": [input], "stores": ["counts"], "slots": 8, "partitions": 2
-        }))
-        .await?;
+    let (host, name, input) = word_count_on_kafka(dir.path(), 8, 2).await?;
     let keys = words(60_000, 1_000, 21);
     let producer = TestProducer::new()?;
     let recs: Vec<_> = keys.iter().map(|k| (k.clone(), "1".to_string())).collect();

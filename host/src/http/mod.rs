@@ -2,6 +2,7 @@
 //! resource; every handler answers JSON, and bad input gets a 4xx naming the problem.
 
 pub mod error;
+mod host;
 mod modules;
 mod partitions;
 mod pipelines;
@@ -30,6 +31,7 @@ pub fn router(baton: Arc<Baton>) -> Router {
     Router::new()
         .route("/", get(dashboard))
         .route("/healthz", get(healthz))
+        .merge(host::router())
         .merge(modules::router())
         .merge(pipelines::router())
         .merge(partitions::router())

@@ -1,0 +1,28 @@
+//! `/api/v1/host`: this host's transport and its shared RocksDB memory.
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+use super::AppState;
+
+pub(super) fn router() -> Router<AppState> {
+    Router::new().route("/api/v1/host", get(show))
+}
+
+async fn show(State(baton): State<AppState>) -> Json<Value> {
+    let env = baton.state_env();
+    Json(json!({
+        "id": baton.config().host_id,
+        "transport": baton.transport().kind(),
+        "cluster": baton.config().cluster,
+        "partitions": baton.partitions().len(),
+        "state_memory": {
+            "bound": env.memory(),
+            "block_cache_usage": env.cache_usage(),
+            "block_cache_pinned": env.cache_pinned(),
+            "memtable_usage": env.memtable_usage(),
+        },
+    }))
+}
