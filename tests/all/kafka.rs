@@ -215,9 +215,42 @@ async fn wait_both(api: &Api, flow: &Flow, total: u64) -> anyhow::Result<()> {
 }
 
 fn expected_outputs(sent: &[(String, String)]) -> BTreeMap<(String, String), usize> {
+    multiset(
+        sent.iter()
+            .map(|(k, v)| (k.clone(), v.to_uppercase()))
+            .collect(),
+    )
+}
+
+/// The `baton` flags of the kill tests: Kafka, small batches so kills land between commits.
+fn kill_flags(bootstrap: &str) -> [&str; 4] {
+    ["--kafka", bootstrap, "--max-batch", "500"]
+}
+
+/// Starts a child host with both pipelines under `guarantee`, produces while killing it 3
+/// times, then stops producing; returns the last host, the flow and every record sent.
+async fn run_with_three_kills(
+    dir: &std::path::Path,
+    guarantee: &str,
+) -> anyhow::Result<(ChildHost, Flow, Vec<(String, String)>)> {
+    let bootstrap = kafka_bootstrap();
+    let flags = kill_flags(&bootstrap);
+    let host = ChildHost::start(dir, &flags).await?;
+    let flow = deploy(&host.api, guarantee).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = produce_until(&flow, stop.clone());
+    let host = kill_three_times(dir, &flags, host, &flow).await?;
+    stop.store(true, Ordering::Relaxed);
+    producer.await??;
+    let sent = flow.sent.lock().await.clone();
+    Ok((host, flow, sent))
+}
+
+/// How many times each (key, value) occurs.
+fn multiset(records: Vec<(String, String)>) -> BTreeMap<(String, String), usize> {
     let mut m = BTreeMap::new();
-    for (k, v) in sent {
-        *m.entry((k.clone(), v.to_uppercase())).or_insert(0) += 1;
+    for kv in records {
+        *m.entry(kv).or_insert(0usize) += 1;
     }
     m
 }
@@ -226,16 +259,7 @@ fn expected_outputs(sent: &[(String, String)]) -> BTreeMap<(String, String), usi
 async fn exactly_once_survives_three_kill_9_and_the_loss_of_the_data_dir() -> anyhow::Result<()> {
     let _k = kafka_lock().await;
     let dir = tempfile::tempdir()?;
-    let bootstrap = kafka_bootstrap();
-    let flags = ["--kafka", bootstrap.as_str(), "--max-batch", "500"];
-    let host = ChildHost::start(dir.path(), &flags).await?;
-    let flow = deploy(&host.api, "exactly-once").await?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let producer = produce_until(&flow, stop.clone());
-    let host = kill_three_times(dir.path(), &flags, host, &flow).await?;
-    stop.store(true, Ordering::Relaxed);
-    producer.await??;
-    let sent = flow.sent.lock().await.clone();
+    let (host, flow, sent) = run_with_three_kills(dir.path(), "exactly-once").await?;
     assert!(sent.len() >= 4_000, "only {} records were sent", sent.len());
     wait_both(&host.api, &flow, sent.len() as u64).await?;
 
@@ -243,17 +267,15 @@ async fn exactly_once_survives_three_kill_9_and_the_loss_of_the_data_dir() -> an
     assert_counts(&host.api, &flow.wc, &expected).await?;
     // Each expected output record is in the output topic exactly once (read_committed).
     let out = read_committed(&flow.output, 8)?;
-    let mut got = BTreeMap::new();
-    for kv in out {
-        *got.entry(kv).or_insert(0usize) += 1;
-    }
+    let got = multiset(out);
     assert_eq!(got.len(), sent.len(), "distinct output records");
     assert_eq!(got, expected_outputs(&sent), "every output exactly once");
 
     // Lose the data dir: state comes back from the changelog, modules and pipelines from Kafka.
     host.terminate()?;
     std::fs::remove_dir_all(dir.path())?;
-    let host = ChildHost::start(dir.path(), &flags).await?;
+    let bootstrap = kafka_bootstrap();
+    let host = ChildHost::start(dir.path(), &kill_flags(&bootstrap)).await?;
     wait_both(&host.api, &flow, sent.len() as u64).await?;
     let parts = host.api.partitions().await?;
     let restored: u64 = parts
@@ -275,16 +297,7 @@ async fn exactly_once_survives_three_kill_9_and_the_loss_of_the_data_dir() -> an
 async fn at_least_once_loses_nothing_across_three_kill_9() -> anyhow::Result<()> {
     let _k = kafka_lock().await;
     let dir = tempfile::tempdir()?;
-    let bootstrap = kafka_bootstrap();
-    let flags = ["--kafka", bootstrap.as_str(), "--max-batch", "500"];
-    let host = ChildHost::start(dir.path(), &flags).await?;
-    let flow = deploy(&host.api, "at-least-once").await?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let producer = produce_until(&flow, stop.clone());
-    let host = kill_three_times(dir.path(), &flags, host, &flow).await?;
-    stop.store(true, Ordering::Relaxed);
-    producer.await??;
-    let sent = flow.sent.lock().await.clone();
+    let (host, flow, sent) = run_with_three_kills(dir.path(), "at-least-once").await?;
     wait_both(&host.api, &flow, sent.len() as u64).await?;
 
     let expected = count(sent.iter().map(|(k, _)| k.as_str()));
@@ -299,10 +312,7 @@ async fn at_least_once_loses_nothing_across_three_kill_9() -> anyhow::Result<()>
         counted_twice += got - n;
     }
     let out = read_committed(&flow.output, 8)?;
-    let mut got = BTreeMap::new();
-    for kv in out {
-        *got.entry(kv).or_insert(0usize) += 1;
-    }
+    let got = multiset(out);
     let want = expected_outputs(&sent);
     for kv in want.keys() {
         assert!(got.contains_key(kv), "output {kv:?} is missing");
