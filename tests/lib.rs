@@ -450,6 +450,11 @@ impl ChildHost {
         Ok(host)
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `kill -9`.
     pub fn kill9(mut self) -> Result<()> {
         self.child.kill()?;

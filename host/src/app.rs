@@ -11,16 +11,17 @@ use std::thread::JoinHandle;
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 
+use crate::cluster::pipeline::{changelog_topic, dlq_topic};
 use crate::cluster::{
     Catalog, ControlEvent, ModuleRecord, PipelineRecord, PipelineSpec, Start, now_ms,
 };
 use crate::error::{Error, Result};
-use crate::runtime::{Module, Runtime, WIT_PACKAGE, WIT_VERSION};
+use crate::runtime::{Module, NativeModule, Runtime, WIT_PACKAGE, WIT_VERSION};
 use crate::state::{PartitionDb, StateEnv, slot_key};
-use crate::task::kafka::{KafkaIo, changelog_topic};
+use crate::task::kafka::KafkaIo;
 use crate::task::{
-    EmbeddedIo, IoFactory, PartitionIo, PartitionStatus, PartitionTask, Phase, RestoreProgress,
-    SlotProgress, TaskConfig,
+    EmbeddedIo, IoFactory, LoopTimeMs, PartitionIo, PartitionStatus, PartitionTask, Phase,
+    RestoreProgress, SlotProgress, TaskConfig,
 };
 use crate::transport::embedded::EmbeddedLog;
 use crate::transport::kafka::{KafkaConfig, KafkaTransport};
@@ -46,6 +47,9 @@ pub struct HostConfig {
     /// Name of the cluster: its control log is `<cluster>.control` and its module chunks
     /// `<cluster>.modules`, so that several baton clusters can share one Kafka cluster.
     pub cluster: String,
+    /// Processors linked into the host that pipelines may name like uploaded modules (the
+    /// benchmarks' native baselines). Every host that runs such a pipeline needs them too.
+    pub native_modules: Vec<NativeModule>,
 }
 
 impl HostConfig {
@@ -58,6 +62,7 @@ impl HostConfig {
             host_id: "local".into(),
             kafka: None,
             cluster: "baton".into(),
+            native_modules: Vec::new(),
         }
     }
 }
@@ -112,6 +117,8 @@ pub struct PartitionInfo {
     /// Last processing error.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// Milliseconds the partition loop spent fetching, processing and committing.
+    pub time_ms: LoopTimeMs,
 }
 
 /// A pipeline as `GET /api/v1/pipelines` shows it.
@@ -257,6 +264,9 @@ impl Baton {
             round_robin: AtomicU32::new(0),
             control: Mutex::new(()),
         });
+        for m in &baton.config.native_modules {
+            baton.modules.write().insert(m.address(), Module::native(m));
+        }
         for m in catalog.modules.values() {
             let bytes = baton
                 .module_bytes(&m.sha256)
@@ -461,6 +471,14 @@ impl Baton {
                 .get(&(spec.module.clone(), spec.version.clone()))
             {
                 Some(m) => m.sha256.clone(),
+                None if let Some(m) = self
+                    .config
+                    .native_modules
+                    .iter()
+                    .find(|m| m.name == spec.module && m.version == spec.version) =>
+                {
+                    m.address()
+                }
                 None => {
                     return Err(Error::BadRequest(format!(
                         "module `{}` version `{}` is not uploaded; POST it to /api/v1/modules?name={}&version={} first",
@@ -470,7 +488,7 @@ impl Baton {
             }
         };
         // Check every topic before creating any, so that a refusal leaves nothing behind.
-        let dlq = spec.dlq_topic();
+        let dlq = dlq_topic(&self.config.cluster, &spec.name);
         let mut topics: Vec<(String, TopicKind)> = spec
             .inputs
             .iter()
@@ -479,11 +497,12 @@ impl Baton {
             .map(|t| (t.clone(), TopicKind::Data))
             .collect();
         if self.kafka.is_some() {
-            topics.extend(
-                spec.stores
-                    .iter()
-                    .map(|s| (changelog_topic(&spec.name, s), TopicKind::Compacted)),
-            );
+            topics.extend(spec.stores.iter().map(|s| {
+                (
+                    changelog_topic(&self.config.cluster, &spec.name, s),
+                    TopicKind::Compacted,
+                )
+            }));
         }
         for (t, _) in &topics {
             if let Some(actual) = self.transport.partitions(t)?
@@ -494,6 +513,22 @@ impl Baton {
                      use slots = {actual} or another topic",
                     spec.name, spec.slots
                 )));
+            }
+        }
+        // A changelog that already holds records belongs to an earlier pipeline of this name:
+        // restoring from it would start the new pipeline with someone else's state.
+        for (t, kind) in &topics {
+            if *kind != TopicKind::Compacted || self.transport.partitions(t)?.is_none() {
+                continue;
+            }
+            for p in 0..spec.slots {
+                let end = self.transport.end_offset(t, p)?;
+                if end > 0 {
+                    return Err(Error::Conflict(format!(
+                        "changelog topic `{t}` already holds records (partition {p} ends at offset {end}),                          left by an earlier pipeline named `{}`; delete the topic or use another pipeline name",
+                        spec.name
+                    )));
+                }
             }
         }
         for (t, kind) in &topics {
@@ -513,6 +548,7 @@ impl Baton {
             sha256,
             start_offsets,
             created_at: now_ms(),
+            prefix: self.config.cluster.clone(),
         };
         self.append_control(&ControlEvent::Pipeline(record.clone()))?;
         self.catalog
@@ -559,7 +595,7 @@ impl Baton {
             })?;
         let spec = &record.spec;
         let mut outputs = std::collections::HashMap::new();
-        for t in spec.outputs.iter().chain([&spec.dlq_topic()]) {
+        for t in spec.outputs.iter().chain([&record.dlq_topic()]) {
             let n = self
                 .transport
                 .partitions(t)?
@@ -667,6 +703,7 @@ impl Baton {
                     records: h.status.records.load(Ordering::Relaxed),
                     dead_letters: h.status.dead_letters.load(Ordering::Relaxed),
                     last_error: h.status.last_error.lock().clone(),
+                    time_ms: h.status.time.snapshot(),
                 }
             })
             .collect()
@@ -810,7 +847,7 @@ fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 fn pipeline_info(r: &PipelineRecord) -> PipelineInfo {
     PipelineInfo {
-        dlq: r.spec.dlq_topic(),
+        dlq: r.dlq_topic(),
         spec: r.spec.clone(),
         sha256: r.sha256.clone(),
         created_at: r.created_at,

@@ -53,7 +53,9 @@ async fn poison_run(mode: &str, kafka: bool) -> anyhow::Result<()> {
     // Exactly the poison records are dead letters, with the error and their origin. On Kafka a
     // committed transaction's markers reach the partitions shortly after the commit returns, so
     // wait until read_committed sees at least three; then there must be exactly three.
-    let topic = format!("baton.{name}.dlq");
+    let info = api.get(&format!("/api/v1/pipelines/{name}")).await?.body;
+    let topic = info["dlq"].as_str().unwrap_or_default().to_string();
+    assert!(topic.ends_with(&format!(".{name}.dlq")), "{info}");
     let dlq = wait_for("three dead letters", Duration::from_secs(30), || {
         let (api, topic) = (api.clone(), topic.clone());
         async move {

@@ -102,11 +102,12 @@ async fn word_count_is_exact_over_200k_records_in_16_slots() -> anyhow::Result<(
     // The changelog is a compacted topic with a partition per slot, and the input offsets are
     // the consumer group's, so standard tools show the pipeline's lag.
     let admin = KafkaAdmin::new(&kafka_bootstrap(), &[])?;
+    let prefix = host.baton.config().cluster.clone();
     let changelog = admin
-        .topic(&format!("baton.{name}.counts.changelog"))?
+        .topic(&format!("{prefix}.{name}.counts.changelog"))?
         .expect("changelog topic");
     assert_eq!(changelog.partitions, 16);
-    let committed = baton_tests::group_offsets(&format!("baton.{name}"), &input, 16)?;
+    let committed = baton_tests::group_offsets(&format!("{prefix}.{name}"), &input, 16)?;
     assert_eq!(committed.iter().sum::<u64>(), 200_000, "{committed:?}");
     host.stop().await
 }
@@ -342,5 +343,44 @@ async fn a_broker_restart_is_survived_with_exact_counts() -> anyhow::Result<()> 
         .wait_caught_up(&name, 60_000, Duration::from_secs(240))
         .await?;
     assert_counts(&host.api, &name, &count(keys.iter().map(String::as_str))).await?;
+    host.stop().await
+}
+
+/// A new pipeline whose changelog topic already holds records (left by an earlier pipeline of
+/// the same name) is refused instead of starting from someone else's state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_pipeline_refuses_a_changelog_with_records() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dir = tempfile::tempdir()?;
+    let host = InProcess::start_with(dir.path(), Some(&kafka_bootstrap())).await?;
+    let (name, input) = (unique("wc"), unique("words"));
+    let changelog = format!("{}.{name}.counts.changelog", host.baton.config().cluster);
+    let admin = KafkaAdmin::new(&kafka_bootstrap(), &[])?;
+    admin
+        .ensure_topic(&changelog, 2, &[("cleanup.policy", "compact")])
+        .await?;
+    TestProducer::new()?
+        .send(&changelog, 2, &[("w1".into(), "stale".into())])
+        .await?;
+    host.api
+        .upload_plugin("word-count", "word-count", "1")
+        .await?;
+    let r = host
+        .api
+        .post_json(
+            "/api/v1/pipelines",
+            &json!({
+                "name": name, "module": "word-count", "version": "1", "inputs": [input],
+                "stores": ["counts"], "slots": 2
+            }),
+        )
+        .await?;
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(
+        r.error().contains(&changelog) && r.error().contains("already holds records"),
+        "{}",
+        r.error()
+    );
+    assert_eq!(host.api.get("/api/v1/pipelines").await?.body, json!([]));
     host.stop().await
 }

@@ -4,5 +4,6 @@
 mod dead_letters;
 mod http_errors;
 mod kafka;
+mod memory;
 mod restart;
 mod word_count;

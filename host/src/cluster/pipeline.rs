@@ -131,11 +131,6 @@ impl PipelineSpec {
         Ok(())
     }
 
-    /// The dead-letter topic.
-    pub fn dlq_topic(&self) -> String {
-        format!("baton.{}.dlq", self.name)
-    }
-
     /// The config as pairs for `init`: strings as they are, other values as JSON text.
     pub fn config_pairs(&self) -> Vec<(String, String)> {
         self.config
@@ -171,6 +166,46 @@ pub struct PipelineRecord {
     pub start_offsets: BTreeMap<String, Vec<u64>>,
     /// Creation time, milliseconds since the Unix epoch.
     pub created_at: i64,
+    /// Prefix of the pipeline's own Kafka names (changelogs, dead letters, consumer group,
+    /// transactional ids): the cluster's name when the pipeline was created, `baton` by default.
+    #[serde(default = "default_prefix")]
+    pub prefix: String,
+}
+
+fn default_prefix() -> String {
+    "baton".into()
+}
+
+impl PipelineRecord {
+    /// The dead-letter topic: `<prefix>.<pipeline>.dlq`.
+    pub fn dlq_topic(&self) -> String {
+        dlq_topic(&self.prefix, &self.spec.name)
+    }
+
+    /// The changelog topic of `store`: `<prefix>.<pipeline>.<store>.changelog`.
+    pub fn changelog_topic(&self, store: &str) -> String {
+        changelog_topic(&self.prefix, &self.spec.name, store)
+    }
+
+    /// The consumer group holding the input offsets: `<prefix>.<pipeline>`.
+    pub fn group_id(&self) -> String {
+        format!("{}.{}", self.prefix, self.spec.name)
+    }
+
+    /// The transactional id of a partition's producer: `<prefix>.<pipeline>.<partition>`.
+    pub fn transactional_id(&self, partition: &str) -> String {
+        format!("{}.{}.{partition}", self.prefix, self.spec.name)
+    }
+}
+
+/// The dead-letter topic of `pipeline` under `prefix`.
+pub fn dlq_topic(prefix: &str, pipeline: &str) -> String {
+    format!("{prefix}.{pipeline}.dlq")
+}
+
+/// The changelog topic of `store` of `pipeline` under `prefix`.
+pub fn changelog_topic(prefix: &str, pipeline: &str, store: &str) -> String {
+    format!("{prefix}.{pipeline}.{store}.changelog")
 }
 
 #[cfg(test)]

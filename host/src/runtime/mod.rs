@@ -3,6 +3,7 @@
 
 pub mod bindings;
 pub mod host;
+pub mod native;
 pub mod stderr;
 
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -16,6 +17,7 @@ use wasmtime::{Config, Engine, Store};
 
 use bindings::{Processor, ProcessorPre, baton::processor::types};
 pub use host::{Cursor, GuestLog, HostCtx, Output};
+pub use native::{NativeFactory, NativeModule, NativeProcessor, NativeStore};
 
 /// The WIT package this host speaks.
 pub const WIT_PACKAGE: &str = "baton:processor";
@@ -60,11 +62,28 @@ pub enum ModuleError {
 /// A validated, compiled processor module.
 #[derive(Clone)]
 pub struct Module {
-    /// Hex sha256 of the component bytes.
+    /// Hex sha256 of the component bytes (`native:<name>@<version>` for a native module).
     pub sha256: String,
-    /// Size of the component in bytes.
+    /// Size of the component in bytes (0 for a native module).
     pub size: usize,
-    pre: ProcessorPre<HostCtx>,
+    code: Code,
+}
+
+#[derive(Clone)]
+enum Code {
+    Wasm(ProcessorPre<HostCtx>),
+    Native(NativeFactory),
+}
+
+impl Module {
+    /// A module of processors linked into the host.
+    pub fn native(m: &NativeModule) -> Self {
+        Module {
+            sha256: m.address(),
+            size: 0,
+            code: Code::Native(m.factory.clone()),
+        }
+    }
 }
 
 /// One engine, one linker, the compiled-code cache, and the epoch ticker.
@@ -138,7 +157,7 @@ impl Runtime {
         Ok(Module {
             sha256,
             size: bytes.len(),
-            pre,
+            code: Code::Wasm(pre),
         })
     }
 
@@ -201,11 +220,21 @@ impl Runtime {
 
     /// A fresh instance of `module` over `ctx`.
     pub fn instantiate(&self, module: &Module, ctx: HostCtx) -> anyhow::Result<Instance> {
+        let pre = match &module.code {
+            Code::Wasm(pre) => pre,
+            Code::Native(factory) => {
+                return Ok(Instance {
+                    inner: Inner::Native(Box::new(ctx), factory()),
+                });
+            }
+        };
         let mut store = Store::new(&self.engine, ctx);
         store.limiter(|c| c.limiter());
         store.set_epoch_deadline(u64::MAX / 2);
-        let processor = module.pre.instantiate(&mut store)?;
-        Ok(Instance { store, processor })
+        let processor = pre.instantiate(&mut store)?;
+        Ok(Instance {
+            inner: Inner::Wasm(store, processor),
+        })
     }
 }
 
@@ -223,8 +252,12 @@ fn semver_compatible(found: &str, want: &str) -> bool {
 
 /// An instance of a processor, with its store.
 pub struct Instance {
-    store: Store<HostCtx>,
-    processor: Processor,
+    inner: Inner,
+}
+
+enum Inner {
+    Wasm(Store<HostCtx>, Processor),
+    Native(Box<HostCtx>, Box<dyn NativeProcessor>),
 }
 
 /// How a guest call ended, when it did not succeed.
@@ -261,16 +294,22 @@ pub use types::{Header, Message};
 impl Instance {
     /// The host context.
     pub fn ctx(&mut self) -> &mut HostCtx {
-        self.store.data_mut()
+        match &mut self.inner {
+            Inner::Wasm(store, _) => store.data_mut(),
+            Inner::Native(ctx, _) => ctx,
+        }
     }
 
     /// Calls `init` with the pipeline config.
     pub fn init(&mut self, config: &[(String, String)]) -> Result<(), CallError> {
-        self.store.set_epoch_deadline(u64::MAX / 2);
-        match self
-            .processor
+        let (store, processor) = match &mut self.inner {
+            Inner::Wasm(store, processor) => (store, processor),
+            Inner::Native(ctx, p) => return p.init(ctx, config).map_err(CallError::Guest),
+        };
+        store.set_epoch_deadline(u64::MAX / 2);
+        match processor
             .baton_processor_handler()
-            .call_init(&mut self.store, config)
+            .call_init(&mut *store, config)
         {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(CallError::Guest(describe(&e))),
@@ -289,7 +328,10 @@ impl Instance {
                 .unwrap_or_default()
                 .to_string(),
         };
-        let tail = self.store.data().stderr_tail();
+        let tail = match &self.inner {
+            Inner::Wasm(store, _) => store.data().stderr_tail(),
+            Inner::Native(ctx, _) => ctx.stderr_tail(),
+        };
         if tail.is_empty() {
             what
         } else {
@@ -299,11 +341,14 @@ impl Instance {
 
     /// Calls `process` on one slot's records with a CPU budget of `ticks` epoch ticks.
     pub fn process(&mut self, batch: &[Message], ticks: u64) -> Result<(), CallError> {
-        self.store.set_epoch_deadline(ticks);
-        match self
-            .processor
+        let (store, processor) = match &mut self.inner {
+            Inner::Wasm(store, processor) => (store, processor),
+            Inner::Native(ctx, p) => return p.process(ctx, batch).map_err(CallError::Guest),
+        };
+        store.set_epoch_deadline(ticks);
+        match processor
             .baton_processor_handler()
-            .call_process(&mut self.store, batch)
+            .call_process(&mut *store, batch)
         {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(CallError::Guest(describe(&e))),
@@ -313,7 +358,10 @@ impl Instance {
 
     /// Gives back the host context, ending the instance.
     pub fn into_ctx(self) -> HostCtx {
-        self.store.into_data()
+        match self.inner {
+            Inner::Wasm(store, _) => store.into_data(),
+            Inner::Native(ctx, _) => *ctx,
+        }
     }
 }
 

@@ -18,21 +18,6 @@ use crate::state::{PartitionDb, WriteOp, slot_key};
 use crate::transport::kafka::{BatchProducer, InputConsumer, KafkaTransport};
 use crate::transport::{LogRecord, Record};
 
-/// The changelog topic of `store` in `pipeline`.
-pub fn changelog_topic(pipeline: &str, store: &str) -> String {
-    format!("baton.{pipeline}.{store}.changelog")
-}
-
-/// The transactional id of a partition's producer.
-pub fn transactional_id(pipeline: &str, partition: &str) -> String {
-    format!("baton.{pipeline}.{partition}")
-}
-
-/// The consumer group of a pipeline.
-pub fn group_id(pipeline: &str) -> String {
-    format!("baton.{pipeline}")
-}
-
 /// How often end offsets (for lag) are asked of the broker.
 const END_OFFSET_TTL: Duration = Duration::from_millis(500);
 
@@ -56,10 +41,9 @@ impl KafkaIo {
         id: &str,
         slots: Range<u32>,
     ) -> anyhow::Result<Self> {
-        let name = &pipeline.spec.name;
-        let consumer = transport.input_consumer(&group_id(name))?;
+        let consumer = transport.input_consumer(&pipeline.group_id())?;
         let eos = pipeline.spec.guarantee == Guarantee::ExactlyOnce;
-        let txn_id = transactional_id(name, id);
+        let txn_id = pipeline.transactional_id(id);
         let producer = transport.batch_producer(eos.then_some(txn_id.as_str()))?;
         if eos {
             producer.init_transactions()?;
@@ -68,7 +52,7 @@ impl KafkaIo {
             .spec
             .stores
             .iter()
-            .map(|s| changelog_topic(name, s))
+            .map(|s| pipeline.changelog_topic(s))
             .collect();
         // A transaction costs a few round trips: gather records longer under exactly-once.
         let linger = Duration::from_millis(if eos { 50 } else { 10 });
@@ -120,7 +104,7 @@ impl PartitionIo for KafkaIo {
         let started = Instant::now();
         let reader = self
             .transport
-            .input_consumer(&format!("{}.restore", group_id(&self.pipeline.spec.name)))?;
+            .input_consumer(&format!("{}.restore", self.pipeline.group_id()))?;
         // Per changelog partition: where RocksDB is, and where the changelog ends.
         let mut todo: Vec<(usize, u32, u64, u64)> = Vec::new();
         for (si, topic) in self.changelogs.iter().enumerate() {

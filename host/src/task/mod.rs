@@ -100,6 +100,48 @@ pub struct PartitionStatus {
     pub last_error: Mutex<Option<String>>,
     /// Progress of the last restore.
     pub restore: Mutex<Option<RestoreProgress>>,
+    /// Where the loop's time went.
+    pub time: LoopTime,
+}
+
+/// Cumulative time of the partition loop by step, in microseconds.
+#[derive(Default)]
+pub struct LoopTime {
+    /// Waiting for and reading input.
+    pub fetch_us: AtomicU64,
+    /// Guest calls (Wasm or native), state reads included.
+    pub process_us: AtomicU64,
+    /// Committing: the transport (transaction, flush) and the RocksDB write.
+    pub commit_us: AtomicU64,
+}
+
+/// [`LoopTime`] as the partition table shows it, in milliseconds.
+#[derive(Debug, Clone, Copy, Serialize, Default)]
+pub struct LoopTimeMs {
+    /// Waiting for and reading input.
+    pub fetch: u64,
+    /// Guest calls.
+    pub process: u64,
+    /// Commits.
+    pub commit: u64,
+}
+
+impl LoopTime {
+    /// A snapshot in milliseconds.
+    pub fn snapshot(&self) -> LoopTimeMs {
+        let ms = |a: &AtomicU64| a.load(Ordering::Relaxed) / 1000;
+        LoopTimeMs {
+            fetch: ms(&self.fetch_us),
+            process: ms(&self.process_us),
+            commit: ms(&self.commit_us),
+        }
+    }
+}
+
+fn add_elapsed(counter: &AtomicU64, since: Instant) -> Instant {
+    let now = Instant::now();
+    counter.fetch_add((now - since).as_micros() as u64, Ordering::Relaxed);
+    now
 }
 
 /// Everything a partition task needs.
@@ -139,6 +181,7 @@ impl PartitionStatus {
             batches: AtomicU64::new(0),
             last_error: Mutex::new(None),
             restore: Mutex::new(None),
+            time: LoopTime::default(),
         }
     }
 }
@@ -239,16 +282,18 @@ impl PartitionTask {
         *self.status.phase.lock() = Phase::Running;
         tracing::info!(slots = ?self.slots, "partition running");
 
-        let dlq = spec.dlq_topic();
+        let dlq = self.pipeline.dlq_topic();
+        let time = &self.status.time;
         while !self.stop.load(Ordering::Relaxed) {
+            let fetch_started = Instant::now();
             let fetched = io
                 .fetch(&next, self.config.max_batch)
                 .map_err(SessionError::Retry)?;
+            let started = add_elapsed(&time.fetch_us, fetch_started);
             if fetched.is_empty() {
                 self.update_progress(io.as_mut(), &next);
                 continue;
             }
-            let started = Instant::now();
             let batch_span = tracing::debug_span!("batch");
             let _b = batch_span.enter();
             let mut count = 0u64;
@@ -271,6 +316,7 @@ impl PartitionTask {
                     inst = self.process_chunk(inst, slot, chunk, &dlq)?;
                 }
             }
+            let commit_started = add_elapsed(&time.process_us, started);
             let ctx = inst.ctx();
             let batch = Batch {
                 writes: ctx.overlay.take(),
@@ -282,6 +328,7 @@ impl PartitionTask {
                 // Nothing of the batch is in RocksDB: the next session resumes before it.
                 return Err(SessionError::Retry(e));
             }
+            add_elapsed(&time.commit_us, commit_started);
             next = new_next;
             self.status.records.fetch_add(count, Ordering::Relaxed);
             self.status.batches.fetch_add(1, Ordering::Relaxed);

@@ -1,0 +1,473 @@
+//! baton on the real broker, side by side in one run:
+//! - a bare rdkafka consumer reading the input topic (the ceiling on this machine);
+//! - word-count (`groupByKey().count()`) as a Wasm component and as the same logic in native
+//!   Rust, under exactly-once and at-least-once;
+//! - the restore rate of word-count's changelog after its data dir is deleted;
+//! - end-to-end latency of `uppercase` at a fixed rate, under both guarantees.
+//!
+//! Needs the broker of `scripts/kafka start`. `bench/run` runs it;
+//! `BATON_BENCH_KAFKA_RECORDS` (default 1,000,000) sets the size of the throughput runs.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context as _, Result, bail};
+use baton::runtime::{HostCtx, Message, NativeModule, NativeProcessor, NativeStore};
+use baton::{Baton, HostConfig};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, Headers, Message as _, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+const SLOTS: u32 = 8;
+/// One partition per core.
+const PARTITIONS: u32 = 2;
+const VOCABULARY: usize = 10_000;
+const LATENCY_RATE: u64 = 10_000;
+const LATENCY_SECS: u64 = 10;
+
+/// word-count in native Rust: what the `word-count` plugin does, through the same host calls.
+#[derive(Default)]
+struct NativeWordCount {
+    counts: Option<NativeStore>,
+}
+
+impl NativeProcessor for NativeWordCount {
+    fn process(&mut self, ctx: &mut HostCtx, batch: &[Message]) -> Result<(), String> {
+        if self.counts.is_none() {
+            self.counts = Some(ctx.native_open("counts")?);
+        }
+        let counts = self.counts.as_ref().expect("opened above");
+        for m in batch {
+            if let Some(k) = &m.key {
+                ctx.native_increment(counts, k, 1)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// uppercase in native Rust (not used in the table; keeps the two plugins' natives together).
+struct NativeUppercase;
+
+impl NativeProcessor for NativeUppercase {
+    fn process(&mut self, ctx: &mut HostCtx, batch: &[Message]) -> Result<(), String> {
+        for m in batch {
+            let v = m
+                .value
+                .as_ref()
+                .map(|v| String::from_utf8_lossy(v).to_uppercase().into_bytes());
+            ctx.native_send("out", m.key.as_deref(), v.as_deref(), &m.headers)?;
+        }
+        Ok(())
+    }
+}
+
+fn bootstrap() -> String {
+    std::env::var("BATON_KAFKA").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+fn client(extra: &[(&str, &str)]) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap());
+    for (k, v) in extra {
+        c.set(*k, *v);
+    }
+    c
+}
+
+fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+fn open_host(dir: &Path, cluster: &str) -> Result<Arc<Baton>> {
+    let mut cfg = HostConfig::new(dir);
+    cfg.state_memory = 256 << 20;
+    cfg.kafka = Some(baton::transport::kafka::KafkaConfig {
+        bootstrap: bootstrap(),
+        settings: vec![],
+    });
+    cfg.cluster = cluster.to_string();
+    cfg.native_modules = vec![
+        NativeModule {
+            name: "word-count-native".into(),
+            version: "1".into(),
+            factory: Arc::new(|| Box::new(NativeWordCount::default())),
+        },
+        NativeModule {
+            name: "uppercase-native".into(),
+            version: "1".into(),
+            factory: Arc::new(|| Box::new(NativeUppercase)),
+        },
+    ];
+    Baton::open(cfg)
+}
+
+fn create(baton: &Baton, spec: serde_json::Value) -> Result<()> {
+    let spec = serde_json::from_value(spec)?;
+    baton
+        .create_pipeline(spec)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
+
+/// Records processed (committed) by `pipeline`, failing if a partition failed.
+fn processed(baton: &Baton, pipeline: &str) -> Result<u64> {
+    let mut done = 0;
+    for p in baton.partitions().iter().filter(|p| p.pipeline == pipeline) {
+        if p.state == "failed" {
+            bail!("partition {} failed: {:?}", p.id, p.error);
+        }
+        done += p.offsets.iter().map(|o| o.offset).sum::<u64>();
+    }
+    Ok(done)
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<bool>) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !f()? {
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
+/// Produces `n` word records to a fresh topic, in slot murmur2(key) like the Java client.
+fn produce_words(topic: &str, n: usize) -> Result<()> {
+    let producer: BaseProducer = client(&[
+        ("linger.ms", "20"),
+        ("batch.size", "1000000"),
+        ("compression.type", "lz4"),
+        ("partitioner", "murmur2_random"),
+        ("queue.buffering.max.messages", "1000000"),
+    ])
+    .create()?;
+    for w in baton_tests::words(n, VOCABULARY, 7) {
+        let mut rec = BaseRecord::<str, str>::to(topic).key(&w).payload("1");
+        loop {
+            match producer.send(rec) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    rec = back;
+                    producer.poll(Duration::from_millis(5));
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(120))?;
+    Ok(())
+}
+
+fn create_topic(baton: &Baton, topic: &str) -> Result<()> {
+    baton
+        .transport()
+        .ensure_topic(topic, SLOTS, baton::transport::TopicKind::Data)?;
+    Ok(())
+}
+
+/// A bare consumer reading `n` records of `topic` from the beginning: records/s.
+fn bare_consumer(topic: &str, n: usize) -> Result<f64> {
+    let consumer: BaseConsumer = client(&[
+        ("group.id", "baton.bench.bare"),
+        ("enable.auto.commit", "false"),
+        ("queued.max.messages.kbytes", "8192"),
+        ("fetch.wait.max.ms", "50"),
+    ])
+    .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..SLOTS {
+        tpl.add_partition_offset(topic, p as i32, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    let started = Instant::now();
+    let mut seen = 0usize;
+    let mut bytes = 0usize;
+    while seen < n {
+        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+            let m = m?;
+            // Touch the key like a processor would.
+            bytes += m.key().map(<[u8]>::len).unwrap_or(0);
+            seen += 1;
+        }
+        if started.elapsed() > Duration::from_secs(300) {
+            bail!("bare consumer read only {seen} of {n} records");
+        }
+    }
+    std::hint::black_box(bytes);
+    Ok(n as f64 / started.elapsed().as_secs_f64())
+}
+
+struct Run {
+    label: String,
+    rate: f64,
+}
+
+/// Runs word-count (`module`) under `guarantee` over `topic` and returns records/s from
+/// pipeline creation to the last committed batch.
+fn word_count(
+    baton: &Baton,
+    name: &str,
+    module: &str,
+    guarantee: &str,
+    topic: &str,
+    n: u64,
+) -> Result<f64> {
+    let started = Instant::now();
+    create(
+        baton,
+        serde_json::json!({
+            "name": name, "module": module, "version": "1", "inputs": [topic],
+            "stores": ["counts"], "slots": SLOTS, "partitions": PARTITIONS,
+            "guarantee": guarantee,
+        }),
+    )?;
+    wait_until(
+        &format!("{name} to process {n}"),
+        Duration::from_secs(600),
+        || Ok(processed(baton, name)? >= n),
+    )?;
+    let (mut f, mut p, mut c) = (0, 0, 0);
+    for part in baton.partitions().iter().filter(|p| p.pipeline == name) {
+        f += part.time_ms.fetch;
+        p += part.time_ms.process;
+        c += part.time_ms.commit;
+    }
+    eprintln!("  loop time (ms, all partitions): fetch {f}, process {p}, commit {c}");
+    Ok(n as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Uppercase at a fixed rate; returns (p50, p99, max) in ms of produce → read_committed.
+fn latency(baton: &Baton, name: &str, module: &str, guarantee: &str) -> Result<(f64, f64, f64)> {
+    let input = baton_tests::unique("bench-lat-in");
+    let output = baton_tests::unique("bench-lat-out");
+    create_topic(baton, &input)?;
+    let mut config = serde_json::Map::new();
+    config.insert("output".into(), output.clone().into());
+    create(
+        baton,
+        serde_json::json!({
+            "name": name, "module": module, "version": "1", "inputs": [input],
+            "outputs": [output], "slots": SLOTS, "partitions": PARTITIONS,
+            "guarantee": guarantee, "config": config,
+        }),
+    )?;
+    wait_until(&format!("{name} to run"), Duration::from_secs(60), || {
+        let parts = baton.partitions();
+        let mine: Vec<_> = parts.iter().filter(|p| p.pipeline == name).collect();
+        Ok(!mine.is_empty() && mine.iter().all(|p| p.state == "running"))
+    })?;
+
+    let consumer: BaseConsumer = client(&[
+        ("group.id", "baton.bench.latency"),
+        ("enable.auto.commit", "false"),
+        ("isolation.level", "read_committed"),
+        ("fetch.wait.max.ms", "5"),
+    ])
+    .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..SLOTS {
+        tpl.add_partition_offset(&output, p as i32, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+
+    let total = LATENCY_RATE * LATENCY_SECS;
+    let producer_topic = input.clone();
+    let producer = std::thread::spawn(move || -> Result<()> {
+        let producer: BaseProducer = client(&[
+            ("linger.ms", "1"),
+            ("partitioner", "murmur2_random"),
+            ("enable.idempotence", "true"),
+        ])
+        .create()?;
+        let started = Instant::now();
+        let per_ms = LATENCY_RATE / 1000;
+        for i in 0..total {
+            // Pace: record i is due at i / rate seconds.
+            let due = Duration::from_micros(i * 1_000_000 / LATENCY_RATE);
+            if i % per_ms == 0 {
+                while started.elapsed() < due {
+                    producer.poll(Duration::from_micros(200));
+                }
+            }
+            let key = format!("k{}", i % 1000);
+            let t = now_micros().to_string();
+            let headers = OwnedHeaders::new().insert(Header {
+                key: "t",
+                value: Some(&t),
+            });
+            let mut rec = BaseRecord::<str, str>::to(&producer_topic)
+                .key(&key)
+                .payload("hello")
+                .headers(headers);
+            loop {
+                match producer.send(rec) {
+                    Ok(()) => break,
+                    Err((_, back)) => {
+                        rec = back;
+                        producer.poll(Duration::from_millis(1));
+                    }
+                }
+            }
+            producer.poll(Duration::ZERO);
+        }
+        producer.flush(Duration::from_secs(60))?;
+        Ok(())
+    });
+
+    let mut samples = Vec::with_capacity(total as usize);
+    let deadline = Instant::now() + Duration::from_secs(LATENCY_SECS + 120);
+    while (samples.len() as u64) < total {
+        if Instant::now() > deadline {
+            bail!("read only {} of {total} outputs", samples.len());
+        }
+        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+            let m = m?;
+            let seen = now_micros();
+            let t = m
+                .headers()
+                .and_then(|h| h.iter().find(|h| h.key == "t"))
+                .and_then(|h| h.value)
+                .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
+                .context("output without the `t` header")?;
+            samples.push(seen.saturating_sub(t));
+        }
+    }
+    producer
+        .join()
+        .map_err(|_| anyhow::anyhow!("producer panicked"))??;
+    // The first second is warm-up (connections, first transactions).
+    let mut steady: Vec<u64> = samples[LATENCY_RATE as usize..].to_vec();
+    steady.sort_unstable();
+    let pct = |q: f64| steady[((steady.len() - 1) as f64 * q) as usize] as f64 / 1000.0;
+    Ok((pct(0.50), pct(0.99), pct(1.0)))
+}
+
+fn main() -> Result<()> {
+    // `cargo bench` passes `--bench`; nothing else to parse.
+    let n: u64 = std::env::var("BATON_BENCH_KAFKA_RECORDS")
+        .ok()
+        .and_then(|v| v.replace('_', "").parse().ok())
+        .unwrap_or(1_000_000);
+    let dir = tempfile::tempdir()?;
+    let cluster = baton_tests::unique("bench");
+    let baton = open_host(dir.path(), &cluster)?;
+    let topic = baton_tests::unique("bench-words");
+    create_topic(&baton, &topic)?;
+    eprintln!("producing {n} records to {topic} ({SLOTS} partitions)…");
+    produce_words(&topic, n as usize)?;
+
+    eprintln!("bare consumer…");
+    let ceiling = bare_consumer(&topic, n as usize)?;
+    let mut runs = Vec::new();
+    let wasm_plugin = baton_tests::plugin_bytes("word-count");
+    baton
+        .upload_module("word-count", "1", &wasm_plugin)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    baton
+        .upload_module("uppercase", "1", &baton_tests::plugin_bytes("uppercase"))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    for (guarantee, short) in [("exactly-once", "eos"), ("at-least-once", "alo")] {
+        for (module, kind) in [("word-count", "wasm"), ("word-count-native", "native")] {
+            eprintln!("word-count {kind} {guarantee}…");
+            let name = format!("wc-{kind}-{short}");
+            let rate = word_count(&baton, &name, module, guarantee, &topic, n)?;
+            runs.push(Run {
+                label: format!("{kind} {guarantee}"),
+                rate,
+            });
+        }
+    }
+
+    // Restore: stop the host, delete the Wasm exactly-once pipeline's state, reopen.
+    eprintln!("restore…");
+    baton.shutdown();
+    drop(baton);
+    std::fs::remove_dir_all(dir.path().join("state").join("wc-wasm-eos"))?;
+    let started = Instant::now();
+    let baton = open_host(dir.path(), &cluster)?;
+    let mut restored = 0u64;
+    wait_until("wc-wasm-eos to restore", Duration::from_secs(600), || {
+        let parts = baton.partitions();
+        let mine: Vec<_> = parts
+            .iter()
+            .filter(|p| p.pipeline == "wc-wasm-eos")
+            .collect();
+        let done = mine.len() == PARTITIONS as usize
+            && mine
+                .iter()
+                .all(|p| p.state == "running" && p.restore.as_ref().is_some_and(|r| r.finished));
+        if done {
+            restored = mine
+                .iter()
+                .filter_map(|p| p.restore.as_ref())
+                .map(|r| r.done)
+                .sum();
+        }
+        Ok(done)
+    })?;
+    let restore_secs = started.elapsed().as_secs_f64();
+    // Check the restored counts against the input.
+    let expected = baton_tests::count(
+        baton_tests::words(n as usize, VOCABULARY, 7)
+            .iter()
+            .map(String::as_str),
+    );
+    for (key, want) in expected.iter().take(50) {
+        let got = baton
+            .lookup("wc-wasm-eos", "counts", key.as_bytes())
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .and_then(|l| l.value_i64);
+        if got != Some(*want) {
+            bail!("restored count of {key}: {got:?}, expected {want}");
+        }
+    }
+
+    let mut lat = HashMap::new();
+    for (guarantee, short) in [("exactly-once", "eos"), ("at-least-once", "alo")] {
+        eprintln!("latency {guarantee}…");
+        lat.insert(
+            guarantee,
+            latency(&baton, &format!("up-{short}"), "uppercase", guarantee)?,
+        );
+    }
+    baton.shutdown();
+
+    println!(
+        "\nbaton on Apache Kafka (one broker on 127.0.0.1), {n} records, {SLOTS} slots, {PARTITIONS} partitions\n"
+    );
+    println!("| word-count | records/s | of bare consumer | native / this |");
+    println!("|---|---:|---:|---:|");
+    println!("| bare rdkafka consumer (ceiling) | {ceiling:.0} | 1.00 | |");
+    for (i, r) in runs.iter().enumerate() {
+        // Runs alternate wasm, native.
+        let native = if i % 2 == 0 { runs[i + 1].rate } else { r.rate };
+        println!(
+            "| {} | {:.0} | {:.2} | {:.2} |",
+            r.label,
+            r.rate,
+            r.rate / ceiling,
+            native / r.rate
+        );
+    }
+    println!(
+        "\n| restore (word-count changelog, data dir deleted) | value |\n|---|---:|\n\
+         | changelog records replayed | {restored} |\n| time to running | {restore_secs:.2} s |\n\
+         | records/s | {:.0} |",
+        restored as f64 / restore_secs
+    );
+    println!(
+        "\n| uppercase at {LATENCY_RATE} records/s, {LATENCY_SECS} s | p50 ms | p99 ms | max ms |\n|---|---:|---:|---:|"
+    );
+    for g in ["exactly-once", "at-least-once"] {
+        let (p50, p99, max) = lat[g];
+        println!("| {g} | {p50:.1} | {p99:.1} | {max:.1} |");
+    }
+    Ok(())
+}
