@@ -72,6 +72,7 @@ fn bootstrap() -> String {
 fn client(extra: &[(&str, &str)]) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", bootstrap());
+    c.set("socket.nagle.disable", "true");
     for (k, v) in extra {
         c.set(*k, *v);
     }
@@ -172,41 +173,66 @@ fn create_topic(baton: &Baton, topic: &str) -> Result<()> {
     Ok(())
 }
 
-/// A bare consumer reading `n` records of `topic` from the beginning: records/s.
+/// Bare consumers reading `n` records of `topic` from the beginning, one per baton partition
+/// (each assigned the same slots), in parallel: records/s.
 fn bare_consumer(topic: &str, n: usize) -> Result<f64> {
-    let consumer: BaseConsumer = client(&[
-        ("group.id", "baton.bench.bare"),
-        ("enable.auto.commit", "false"),
-        ("queued.max.messages.kbytes", "8192"),
-        ("fetch.wait.max.ms", "50"),
-    ])
-    .create()?;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..SLOTS {
-        tpl.add_partition_offset(topic, p as i32, Offset::Beginning)?;
-    }
-    consumer.assign(&tpl)?;
     let started = Instant::now();
-    let mut seen = 0usize;
-    let mut bytes = 0usize;
-    while seen < n {
-        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
-            let m = m?;
-            // Touch the key like a processor would.
-            bytes += m.key().map(<[u8]>::len).unwrap_or(0);
-            seen += 1;
-        }
-        if started.elapsed() > Duration::from_secs(300) {
-            bail!("bare consumer read only {seen} of {n} records");
-        }
+    let per = SLOTS / PARTITIONS;
+    let threads: Vec<_> = (0..PARTITIONS)
+        .map(|i| {
+            let topic = topic.to_string();
+            std::thread::spawn(move || -> Result<usize> {
+                let consumer: BaseConsumer = client(&[
+                    ("group.id", "baton.bench.bare"),
+                    ("enable.auto.commit", "false"),
+                    ("queued.max.messages.kbytes", "8192"),
+                    ("fetch.wait.max.ms", "50"),
+                ])
+                .create()?;
+                let mut tpl = TopicPartitionList::new();
+                let mut ends = 0i64;
+                for p in i * per..(i + 1) * per {
+                    tpl.add_partition_offset(&topic, p as i32, Offset::Beginning)?;
+                    ends += consumer
+                        .fetch_watermarks(&topic, p as i32, Duration::from_secs(10))?
+                        .1;
+                }
+                consumer.assign(&tpl)?;
+                let mut seen = 0usize;
+                let mut bytes = 0usize;
+                while (seen as i64) < ends {
+                    if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+                        let m = m?;
+                        // Touch the key like a processor would.
+                        bytes += m.key().map(<[u8]>::len).unwrap_or(0);
+                        seen += 1;
+                    }
+                    if started.elapsed() > Duration::from_secs(300) {
+                        bail!("bare consumer read only {seen} of {ends} records");
+                    }
+                }
+                std::hint::black_box(bytes);
+                Ok(seen)
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in threads {
+        total += t
+            .join()
+            .map_err(|_| anyhow::anyhow!("consumer panicked"))??;
     }
-    std::hint::black_box(bytes);
+    if total != n {
+        bail!("bare consumers read {total} records, expected {n}");
+    }
     Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
 struct Run {
     label: String,
     rate: f64,
+    /// Time in guest calls per record, in ns.
+    process_ns: f64,
 }
 
 /// Runs word-count (`module`) under `guarantee` over `topic` and returns records/s from
@@ -218,7 +244,7 @@ fn word_count(
     guarantee: &str,
     topic: &str,
     n: u64,
-) -> Result<f64> {
+) -> Result<(f64, f64)> {
     let started = Instant::now();
     create(
         baton,
@@ -240,7 +266,10 @@ fn word_count(
         c += part.time_ms.commit;
     }
     eprintln!("  loop time (ms, all partitions): fetch {f}, process {p}, commit {c}");
-    Ok(n as f64 / started.elapsed().as_secs_f64())
+    Ok((
+        n as f64 / started.elapsed().as_secs_f64(),
+        p as f64 * 1e6 / n as f64,
+    ))
 }
 
 /// Uppercase at a fixed rate; returns (p50, p99, max) in ms of produce → read_committed.
@@ -292,8 +321,11 @@ fn latency(baton: &Baton, name: &str, module: &str, guarantee: &str) -> Result<(
             // Pace: record i is due at i / rate seconds.
             let due = Duration::from_micros(i * 1_000_000 / LATENCY_RATE);
             if i % per_ms == 0 {
-                while started.elapsed() < due {
-                    producer.poll(Duration::from_micros(200));
+                // Sleep, not poll: librdkafka's poll timeout is in whole milliseconds, so a
+                // sub-millisecond poll spins a core the broker and baton need.
+                producer.poll(Duration::ZERO);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(wait);
                 }
             }
             let key = format!("k{}", i % 1000);
@@ -355,16 +387,67 @@ fn main() -> Result<()> {
         .ok()
         .and_then(|v| v.replace('_', "").parse().ok())
         .unwrap_or(1_000_000);
+    if let Ok(filter) = std::env::var("BATON_BENCH_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    let only = std::env::var("BATON_BENCH_ONLY").unwrap_or_default();
     let dir = tempfile::tempdir()?;
     let cluster = baton_tests::unique("bench");
     let baton = open_host(dir.path(), &cluster)?;
     let topic = baton_tests::unique("bench-words");
     create_topic(&baton, &topic)?;
+    if only == "ping" {
+        let topic = baton_tests::unique("bench-ping");
+        create_topic(&baton, &topic)?;
+        for linger in ["0", "2"] {
+            for idem in ["false", "true"] {
+                let p: BaseProducer =
+                    client(&[("linger.ms", linger), ("enable.idempotence", idem)]).create()?;
+                let mut t = Vec::new();
+                for i in 0..200 {
+                    let s = Instant::now();
+                    for j in 0..140 {
+                        let k = format!("{i}-{j}");
+                        p.send(BaseRecord::<str, str>::to(&topic).key(&k).payload("x"))
+                            .map_err(|(e, _)| e)?;
+                    }
+                    while p.in_flight_count() > 0 {
+                        p.poll(Duration::from_millis(1));
+                    }
+                    t.push(s.elapsed().as_micros());
+                }
+                t.sort();
+                println!(
+                    "linger {linger} idempotence {idem}: p50 {} us p90 {} us",
+                    t[100], t[180]
+                );
+            }
+        }
+        return Ok(());
+    }
+    if only == "latency" {
+        baton
+            .upload_module("uppercase", "1", &baton_tests::plugin_bytes("uppercase"))
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        for (guarantee, short) in [("exactly-once", "eos"), ("at-least-once", "alo")] {
+            let (p50, p99, max) = latency(&baton, &format!("up-{short}"), "uppercase", guarantee)?;
+            println!("{guarantee}: p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms");
+        }
+        baton.shutdown();
+        return Ok(());
+    }
     eprintln!("producing {n} records to {topic} ({SLOTS} partitions)…");
     produce_words(&topic, n as usize)?;
 
-    eprintln!("bare consumer…");
-    let ceiling = bare_consumer(&topic, n as usize)?;
+    let ceiling = if only.is_empty() {
+        eprintln!("bare consumer…");
+        bare_consumer(&topic, n as usize)?
+    } else {
+        0.0
+    };
     let mut runs = Vec::new();
     let wasm_plugin = baton_tests::plugin_bytes("word-count");
     baton
@@ -375,16 +458,28 @@ fn main() -> Result<()> {
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     for (guarantee, short) in [("exactly-once", "eos"), ("at-least-once", "alo")] {
         for (module, kind) in [("word-count", "wasm"), ("word-count-native", "native")] {
+            if !only.is_empty() && only != format!("{kind}-{short}") {
+                continue;
+            }
             eprintln!("word-count {kind} {guarantee}…");
             let name = format!("wc-{kind}-{short}");
-            let rate = word_count(&baton, &name, module, guarantee, &topic, n)?;
+            let (rate, process_ns) = word_count(&baton, &name, module, guarantee, &topic, n)?;
             runs.push(Run {
                 label: format!("{kind} {guarantee}"),
                 rate,
+                process_ns,
             });
         }
     }
 
+    if !only.is_empty() {
+        // One run alone (e.g. BATON_BENCH_ONLY=wasm-eos, to profile it).
+        for r in &runs {
+            println!("{}: {:.0} records/s", r.label, r.rate);
+        }
+        baton.shutdown();
+        return Ok(());
+    }
     // Restore: stop the host, delete the Wasm exactly-once pipeline's state, reopen.
     eprintln!("restore…");
     baton.shutdown();
@@ -442,18 +537,22 @@ fn main() -> Result<()> {
     println!(
         "\nbaton on Apache Kafka (one broker on 127.0.0.1), {n} records, {SLOTS} slots, {PARTITIONS} partitions\n"
     );
-    println!("| word-count | records/s | of bare consumer | native / this |");
-    println!("|---|---:|---:|---:|");
-    println!("| bare rdkafka consumer (ceiling) | {ceiling:.0} | 1.00 | |");
+    println!(
+        "| word-count | records/s | of bare consumer | native rate / this | process ns/record | / native |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    println!("| bare rdkafka consumers, one per partition (ceiling) | {ceiling:.0} | 1.00 | | | |");
     for (i, r) in runs.iter().enumerate() {
         // Runs alternate wasm, native.
-        let native = if i % 2 == 0 { runs[i + 1].rate } else { r.rate };
+        let native = if i % 2 == 0 { &runs[i + 1] } else { r };
         println!(
-            "| {} | {:.0} | {:.2} | {:.2} |",
+            "| {} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} |",
             r.label,
             r.rate,
             r.rate / ceiling,
-            native / r.rate
+            native.rate / r.rate,
+            r.process_ns,
+            r.process_ns / native.process_ns
         );
     }
     println!(

@@ -55,7 +55,7 @@ impl KafkaIo {
             .map(|s| pipeline.changelog_topic(s))
             .collect();
         // A transaction costs a few round trips: gather records longer under exactly-once.
-        let linger = Duration::from_millis(if eos { 50 } else { 10 });
+        let linger = Duration::from_millis(if eos { 10 } else { 2 });
         Ok(KafkaIo {
             transport,
             pipeline,
@@ -252,8 +252,15 @@ impl PartitionIo for KafkaIo {
         let written = if self.producer.is_transactional() {
             self.producer.begin()?;
             let result = self.send_batch(&batch).and_then(|()| {
+                let t0 = Instant::now();
                 let written = self.producer.flush()?;
+                let t1 = Instant::now();
                 self.producer.commit(&offsets, &self.consumer)?;
+                tracing::debug!(
+                    flush_us = (t1 - t0).as_micros() as u64,
+                    commit_us = t1.elapsed().as_micros() as u64,
+                    "transaction committed"
+                );
                 Ok(written)
             });
             match result {
@@ -264,8 +271,16 @@ impl PartitionIo for KafkaIo {
                 }
             }
         } else {
+            let t0 = Instant::now();
             self.send_batch(&batch)?;
-            self.producer.flush()?
+            let t1 = Instant::now();
+            let written = self.producer.flush()?;
+            tracing::debug!(
+                send_us = (t1 - t0).as_micros() as u64,
+                flush_us = t1.elapsed().as_micros() as u64,
+                "batch flushed"
+            );
+            written
         };
         // Committed in Kafka: now RocksDB, with the input and changelog offsets.
         let mut meta = Vec::with_capacity(offsets.len() + written.len());

@@ -15,7 +15,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError as RdError;
 use rdkafka::message::{DeliveryResult, Header, Headers, Message as _, OwnedHeaders};
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -36,6 +36,9 @@ impl KafkaConfig {
         let mut cfg = ClientConfig::new();
         cfg.set("bootstrap.servers", &self.bootstrap);
         cfg.set("log_level", "4");
+        // librdkafka leaves Nagle's algorithm on; with delayed ACKs a small request (a batch's
+        // last records, a transaction's EndTxn) can wait ~40 ms. Java clients disable it too.
+        cfg.set("socket.nagle.disable", "true");
         for (k, v) in defaults {
             cfg.set(*k, *v);
         }
@@ -276,6 +279,7 @@ fn to_record<M: rdkafka::message::Message>(m: &M) -> Record {
 }
 
 /// Sends one record, waiting for room in the producer's queue when it is full.
+#[allow(clippy::result_large_err)] // rdkafka's own error type: the record comes back in it
 fn send_record<C: ProducerContext>(
     producer: &BaseProducer<C>,
     topic: &str,
@@ -283,7 +287,28 @@ fn send_record<C: ProducerContext>(
     r: &Record,
     opaque: C::DeliveryOpaque,
 ) -> Result<(), TransportError> {
-    let mut rec = BaseRecord::<[u8], [u8], C::DeliveryOpaque>::with_opaque_to(topic, opaque)
+    send_record_with(
+        |rec| producer.send(rec),
+        || producer.poll(Duration::from_millis(10)),
+        topic,
+        partition,
+        r,
+        opaque,
+    )
+}
+
+type SendResult<'a, O> = Result<(), (RdError, BaseRecord<'a, [u8], [u8], O>)>;
+
+/// [`send_record`] over any way of sending (`BaseProducer` or `ThreadedProducer`).
+fn send_record_with<'a, O: rdkafka::util::IntoOpaque>(
+    send: impl Fn(BaseRecord<'a, [u8], [u8], O>) -> SendResult<'a, O>,
+    wait: impl Fn(),
+    topic: &'a str,
+    partition: u32,
+    r: &'a Record,
+    opaque: O,
+) -> Result<(), TransportError> {
+    let mut rec = BaseRecord::<[u8], [u8], O>::with_opaque_to(topic, opaque)
         .partition(partition as i32)
         .timestamp(r.timestamp);
     if let Some(k) = &r.key {
@@ -297,13 +322,13 @@ fn send_record<C: ProducerContext>(
     }
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        match producer.send(rec) {
+        match send(rec) {
             Ok(()) => return Ok(()),
             Err((RdError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
                 if Instant::now() < deadline =>
             {
                 rec = back;
-                producer.poll(Duration::from_millis(10));
+                wait();
             }
             Err((e, _)) => return Err(kerr(&format!("producing to {topic}/{partition}"), e)),
         }
@@ -382,18 +407,20 @@ impl KafkaTransport {
         let mut defaults = vec![
             ("enable.idempotence", "true"),
             ("acks", "all"),
-            ("linger.ms", "2"),
+            ("linger.ms", "1"),
             // A new transaction right after a commit meets CONCURRENT_TRANSACTIONS while the
             // markers are written; retry quickly instead of librdkafka's 100 ms default.
-            ("retry.backoff.ms", "5"),
-            ("retry.backoff.max.ms", "50"),
+            ("retry.backoff.ms", "1"),
+            ("retry.backoff.max.ms", "10"),
         ];
         if let Some(id) = transactional_id {
             defaults.push(("transactional.id", id));
             defaults.push(("transaction.timeout.ms", "60000"));
         }
         let ctx = OffsetContext::default();
-        let producer: BaseProducer<OffsetContext> = self
+        // Threaded: a background thread serves delivery reports as they arrive, so a flush
+        // wakes on the last acknowledgement instead of polling.
+        let producer: ThreadedProducer<OffsetContext> = self
             .config
             .client(&defaults)
             .create_with_context(ctx)
@@ -710,10 +737,20 @@ fn offsets_tpl(offsets: &[(String, u32, u64)]) -> Result<TopicPartitionList, Tra
 #[derive(Default)]
 struct OffsetContext {
     state: Mutex<Delivered>,
+    /// Signalled when the last record in flight is delivered (or fails).
+    idle: parking_lot::Condvar,
 }
 
-/// Highest offset per topic partition, and the first delivery error.
-type Delivered = (HashMap<(String, u32), u64>, Option<String>);
+/// What deliveries told since the last flush.
+#[derive(Default)]
+struct Delivered {
+    /// Highest offset per topic partition.
+    offsets: HashMap<(String, u32), u64>,
+    /// The first delivery error.
+    error: Option<String>,
+    /// Records sent and not yet reported.
+    pending: usize,
+}
 
 impl ClientContext for OffsetContext {}
 
@@ -722,16 +759,21 @@ impl ProducerContext for OffsetContext {
 
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
         let mut st = self.state.lock();
+        st.pending = st.pending.saturating_sub(1);
+        if st.pending == 0 {
+            self.idle.notify_all();
+        }
         match result {
             Ok(m) => {
-                let e =
-                    st.0.entry((m.topic().to_string(), m.partition() as u32))
-                        .or_insert(0);
+                let e = st
+                    .offsets
+                    .entry((m.topic().to_string(), m.partition() as u32))
+                    .or_insert(0);
                 *e = (*e).max(m.offset().max(0) as u64);
             }
             Err((err, m)) => {
-                if st.1.is_none() {
-                    st.1 = Some(format!(
+                if st.error.is_none() {
+                    st.error = Some(format!(
                         "delivery to {}/{} failed: {err}",
                         m.topic(),
                         m.partition()
@@ -745,7 +787,7 @@ impl ProducerContext for OffsetContext {
 /// The producer of a partition: sends a batch's records, reports the offsets they got, and
 /// wraps them in a transaction when it is transactional.
 pub struct BatchProducer {
-    producer: BaseProducer<OffsetContext>,
+    producer: ThreadedProducer<OffsetContext>,
     transactional: bool,
 }
 
@@ -773,29 +815,44 @@ impl BatchProducer {
     }
 
     /// Sends one record.
+    #[allow(clippy::result_large_err)] // rdkafka's own error type: the record comes back in it
     pub fn send(&self, topic: &str, partition: u32, r: &Record) -> Result<(), TransportError> {
-        send_record(&self.producer, topic, partition, r, ())
+        let ctx = self.producer.context();
+        ctx.state.lock().pending += 1;
+        let sent = send_record_with(
+            |rec| self.producer.send(rec),
+            || std::thread::sleep(Duration::from_millis(1)),
+            topic,
+            partition,
+            r,
+            (),
+        );
+        if sent.is_err() {
+            let mut st = ctx.state.lock();
+            st.pending = st.pending.saturating_sub(1);
+        }
+        sent
     }
 
     /// Waits until every record sent is acknowledged; returns the highest offset written per
     /// topic partition since the last flush, or the first delivery error.
     pub fn flush(&self) -> Result<HashMap<(String, u32), u64>, TransportError> {
-        // Not `Producer::flush`: rust-rdkafka's flush polls in slices of 100 ms and each poll
-        // runs to its deadline even when the last acknowledgement came at once, so every flush
-        // took at least 100 ms. Poll in 1 ms slices until nothing is in flight.
+        let ctx = self.producer.context();
         let deadline = Instant::now() + TXN_TIMEOUT;
-        while self.producer.in_flight_count() > 0 {
-            if Instant::now() > deadline {
+        let mut st = ctx.state.lock();
+        while st.pending > 0 {
+            if ctx.idle.wait_until(&mut st, deadline).timed_out() {
                 return Err(kerr(
                     "flush",
-                    format!("records not acknowledged within {TXN_TIMEOUT:?}"),
+                    format!(
+                        "{} records not acknowledged within {TXN_TIMEOUT:?}",
+                        st.pending
+                    ),
                 ));
             }
-            self.producer.poll(Duration::from_millis(1));
         }
-        let mut st = self.producer.context().state.lock();
-        let offsets = std::mem::take(&mut st.0);
-        if let Some(e) = st.1.take() {
+        let offsets = std::mem::take(&mut st.offsets);
+        if let Some(e) = st.error.take() {
             return Err(TransportError::Kafka(e));
         }
         Ok(offsets)
@@ -812,9 +869,14 @@ impl BatchProducer {
             .consumer
             .group_metadata()
             .ok_or_else(|| kerr("offsets", "the consumer has no group metadata"))?;
+        let t0 = Instant::now();
         self.producer
             .send_offsets_to_transaction(&tpl, &meta, TXN_TIMEOUT)
             .map_err(|e| kerr("send offsets to transaction", e))?;
+        tracing::trace!(
+            us = t0.elapsed().as_micros() as u64,
+            "offsets sent to the transaction"
+        );
         self.producer
             .commit_transaction(TXN_TIMEOUT)
             .map_err(|e| kerr("commit transaction", e))
@@ -826,7 +888,7 @@ impl BatchProducer {
             tracing::warn!("abort transaction: {e}");
         }
         let mut st = self.producer.context().state.lock();
-        st.0.clear();
-        st.1 = None;
+        st.offsets.clear();
+        st.error = None;
     }
 }
