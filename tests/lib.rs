@@ -103,6 +103,18 @@ impl Api {
         .await
     }
 
+    /// PUT JSON.
+    pub async fn put_json(&self, path: &str, body: &Value) -> Result<Reply> {
+        Self::reply(
+            self.http
+                .put(format!("{}{path}", self.base))
+                .json(body)
+                .send()
+                .await?,
+        )
+        .await
+    }
+
     /// POST raw bytes.
     pub async fn post_bytes(&self, path: &str, body: Vec<u8>, content_type: &str) -> Result<Reply> {
         Self::reply(
@@ -132,6 +144,21 @@ impl Api {
             .await?;
         if r.status != 201 {
             bail!("upload of {plugin_name}: {} {}", r.status, r.body);
+        }
+        Ok(r.body)
+    }
+
+    /// Uploads raw component bytes as `name`/`version`; fails unless they are accepted.
+    pub async fn upload_bytes(&self, bytes: Vec<u8>, name: &str, version: &str) -> Result<Value> {
+        let r = self
+            .post_bytes(
+                &format!("/api/v1/modules?name={name}&version={version}"),
+                bytes,
+                "application/wasm",
+            )
+            .await?;
+        if r.status != 201 {
+            bail!("upload of {name} {version}: {} {}", r.status, r.body);
         }
         Ok(r.body)
     }
@@ -653,4 +680,28 @@ pub fn cluster_name(dir: &Path) -> String {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     dir.hash(&mut h);
     format!("test-{:016x}", h.finish())
+}
+
+/// `bytes` (a component) with a custom section appended: the same code under another sha256, a
+/// new version for hot-swap tests whose counts must stay exact.
+pub fn with_custom_section(mut bytes: Vec<u8>, name: &str, payload: &[u8]) -> Vec<u8> {
+    fn leb(out: &mut Vec<u8>, mut n: usize) {
+        loop {
+            let b = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(b);
+                return;
+            }
+            out.push(b | 0x80);
+        }
+    }
+    let mut body = Vec::new();
+    leb(&mut body, name.len());
+    body.extend_from_slice(name.as_bytes());
+    body.extend_from_slice(payload);
+    bytes.push(0);
+    leb(&mut bytes, body.len());
+    bytes.extend_from_slice(&body);
+    bytes
 }

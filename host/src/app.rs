@@ -7,21 +7,22 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 
 use crate::cluster::pipeline::{changelog_topic, dlq_topic};
 use crate::cluster::{
-    Catalog, ControlEvent, ModuleRecord, PipelineRecord, PipelineSpec, Start, now_ms,
+    Catalog, ControlEvent, ModuleRecord, PipelineRecord, PipelineSpec, Start, SwapRecord, now_ms,
 };
 use crate::error::{Error, Result};
 use crate::runtime::{Module, NativeModule, Runtime, WIT_PACKAGE, WIT_VERSION};
 use crate::state::{PartitionDb, StateEnv, slot_key};
 use crate::task::kafka::KafkaIo;
 use crate::task::{
-    EmbeddedIo, IoFactory, LoopTimeMs, PartitionIo, PartitionStatus, PartitionTask, Phase,
-    RestoreProgress, SlotProgress, TaskConfig,
+    EmbeddedIo, IoFactory, LoopTimeMs, ModuleTarget, PartitionIo, PartitionStatus, PartitionTask,
+    Phase, RestoreProgress, RollbackHook, SlotProgress, SwapOutcome, SwapReport, TaskConfig,
 };
 use crate::transport::embedded::EmbeddedLog;
 use crate::transport::kafka::{KafkaConfig, KafkaTransport};
@@ -119,6 +120,11 @@ pub struct PartitionInfo {
     pub last_error: Option<String>,
     /// Milliseconds the partition loop spent fetching, processing and committing.
     pub time_ms: LoopTimeMs,
+    /// The module version it runs.
+    pub version: String,
+    /// Its last hot swap.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_swap: Option<SwapReport>,
 }
 
 /// A pipeline as `GET /api/v1/pipelines` shows it.
@@ -133,6 +139,37 @@ pub struct PipelineInfo {
     pub dlq: String,
     /// Creation time (ms since the epoch).
     pub created_at: i64,
+    /// The last swaps of its module version, with the reason of automatic rollbacks.
+    pub swaps: Vec<SwapRecord>,
+}
+
+/// The answer to a hot swap.
+#[derive(Debug, Clone, Serialize)]
+pub struct SwapResult {
+    /// The pipeline.
+    pub pipeline: String,
+    /// The version asked for.
+    pub version: String,
+    /// The version running now.
+    pub running: String,
+    /// `swapped`, `unchanged` (already running it), `rolled-back`, or `pending` (not every
+    /// partition reached a batch boundary in time).
+    pub outcome: String,
+    /// Why it was rolled back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Per partition: what it did and its pause.
+    pub partitions: Vec<SwapPartition>,
+}
+
+/// One partition's part of a swap.
+#[derive(Debug, Clone, Serialize)]
+pub struct SwapPartition {
+    /// Partition id.
+    pub id: String,
+    /// Its report, once it reached a batch boundary.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub report: Option<SwapReport>,
 }
 
 /// The answer to a state lookup.
@@ -192,6 +229,10 @@ pub struct Baton {
     catalog: Mutex<Catalog>,
     modules: RwLock<BTreeMap<String, Module>>,
     partitions: RwLock<BTreeMap<String, Arc<PartitionHandle>>>,
+    /// Per pipeline: the module version its partitions should run.
+    targets: RwLock<BTreeMap<String, Arc<ModuleTarget>>>,
+    /// Itself, for the hooks partitions call back through.
+    me: std::sync::Weak<Baton>,
     round_robin: AtomicU32,
     /// Serialises control-plane changes (uploads, pipeline creation).
     control: Mutex<()>,
@@ -249,7 +290,9 @@ impl Baton {
                 catalog.apply(event);
             }
         }
-        let baton = Arc::new(Baton {
+        let baton = Arc::new_cyclic(|me| Baton {
+            me: me.clone(),
+            targets: RwLock::new(BTreeMap::new()),
             config,
             control_topic,
             modules_topic,
@@ -549,6 +592,7 @@ impl Baton {
             start_offsets,
             created_at: now_ms(),
             prefix: self.config.cluster.clone(),
+            swaps: Vec::new(),
         };
         self.append_control(&ControlEvent::Pipeline(record.clone()))?;
         self.catalog
@@ -580,6 +624,159 @@ impl Baton {
             .ok_or_else(|| Error::NotFound(format!("pipeline `{name}` does not exist")))
     }
 
+    /// Switches `pipeline` to `version` of its module at every partition's next batch boundary
+    /// and waits (up to `wait`) until each reports; a version that fails is rolled back.
+    pub fn swap_module(&self, pipeline: &str, version: &str, wait: Duration) -> Result<SwapResult> {
+        let (generation, target) = {
+            let _g = self.control.lock();
+            let record = self.pipeline(pipeline)?;
+            let spec = &record.spec;
+            let sha256 = self.module_address(&spec.module, version).ok_or_else(|| {
+                Error::NotFound(format!(
+                    "module `{}` version `{version}` is not uploaded; POST it to /api/v1/modules?name={}&version={version} first",
+                    spec.module, spec.module
+                ))
+            })?;
+            let module = self.modules.read().get(&sha256).cloned().ok_or_else(|| {
+                Error::Internal(format!("module {sha256} is in the catalog but not loaded"))
+            })?;
+            let target = self.targets.read().get(pipeline).cloned().ok_or_else(|| {
+                Error::Unavailable(format!("pipeline `{pipeline}` is not running here"))
+            })?;
+            if spec.version == version {
+                return Ok(SwapResult {
+                    pipeline: pipeline.into(),
+                    version: version.into(),
+                    running: version.into(),
+                    outcome: "unchanged".into(),
+                    reason: None,
+                    partitions: Vec::new(),
+                });
+            }
+            let event = ControlEvent::Swap(SwapRecord {
+                pipeline: pipeline.into(),
+                from: spec.version.clone(),
+                version: version.into(),
+                sha256,
+                at: now_ms(),
+                rollback_reason: None,
+            });
+            self.append_control(&event)?;
+            self.catalog.lock().apply(event);
+            tracing::info!(pipeline, from = %spec.version, version, "hot swap requested");
+            (target.set(version.into(), module), target)
+        };
+        let parts: Vec<_> = self
+            .partitions
+            .read()
+            .values()
+            .filter(|h| h.pipeline == pipeline)
+            .cloned()
+            .collect();
+        let deadline = Instant::now() + wait;
+        let reported = |h: &PartitionHandle| {
+            h.status
+                .swap
+                .last
+                .lock()
+                .clone()
+                .filter(|r| r.generation >= generation)
+        };
+        loop {
+            let moved_on = target.generation() != generation;
+            let all = parts.iter().all(|h| reported(h).is_some());
+            if all || moved_on || Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        // A rollback by any partition takes the whole pipeline back.
+        let mut reason = None;
+        let partitions: Vec<SwapPartition> = parts
+            .iter()
+            .map(|h| {
+                let report = reported(h);
+                if let Some(r) = &report
+                    && r.generation == generation
+                    && r.outcome == SwapOutcome::RolledBack
+                {
+                    reason = reason.take().or_else(|| r.reason.clone());
+                }
+                SwapPartition {
+                    id: h.id.clone(),
+                    report,
+                }
+            })
+            .collect();
+        if reason.is_none() && target.generation() != generation {
+            // An automatic rollback holds the control lock from moving the target until it is
+            // recorded: once the lock is ours, its reason is in the catalog.
+            drop(self.control.lock());
+            reason = self
+                .pipeline(pipeline)
+                .ok()
+                .and_then(|r| r.swaps.last().and_then(|s| s.rollback_reason.clone()));
+        }
+        let outcome = if reason.is_some() {
+            "rolled-back"
+        } else if partitions.iter().all(|p| p.report.is_some()) {
+            "swapped"
+        } else {
+            "pending"
+        };
+        Ok(SwapResult {
+            pipeline: pipeline.into(),
+            version: version.into(),
+            running: target.get().version,
+            outcome: outcome.into(),
+            reason,
+            partitions,
+        })
+    }
+
+    /// Called by a partition that refused `generation`: takes the pipeline back to the version
+    /// it ran before, unless something newer was asked for meanwhile, and records why.
+    fn auto_rollback(&self, pipeline: &str, generation: u64, reason: &str) {
+        let _g = self.control.lock();
+        let Some(target) = self.targets.read().get(pipeline).cloned() else {
+            return;
+        };
+        let from = target.get().version;
+        let Some(back) = target.roll_back(generation) else {
+            return;
+        };
+        tracing::warn!(pipeline, from = %from, to = %back.version, "automatic rollback: {reason}");
+        let event = ControlEvent::Swap(SwapRecord {
+            pipeline: pipeline.into(),
+            from,
+            version: back.version.clone(),
+            sha256: back.module.sha256.clone(),
+            at: now_ms(),
+            rollback_reason: Some(reason.to_string()),
+        });
+        if let Err(e) = self.append_control(&event) {
+            tracing::error!(pipeline, "recording the rollback in the control log: {e}");
+        }
+        self.catalog.lock().apply(event);
+    }
+
+    /// The content address of a module version (uploaded or native).
+    fn module_address(&self, name: &str, version: &str) -> Option<String> {
+        if let Some(m) = self
+            .catalog
+            .lock()
+            .modules
+            .get(&(name.to_string(), version.to_string()))
+        {
+            return Some(m.sha256.clone());
+        }
+        self.config
+            .native_modules
+            .iter()
+            .find(|m| m.name == name && m.version == version)
+            .map(NativeModule::address)
+    }
+
     fn start_pipeline(&self, record: Arc<PipelineRecord>) -> anyhow::Result<()> {
         let module = self
             .modules
@@ -603,6 +800,18 @@ impl Baton {
             outputs.insert(t.clone(), n);
         }
         let outputs = Arc::new(outputs);
+        let target = ModuleTarget::new(spec.version.clone(), module);
+        self.targets
+            .write()
+            .insert(spec.name.clone(), target.clone());
+        let on_rollback: RollbackHook = {
+            let (me, pipeline) = (self.me.clone(), spec.name.clone());
+            Arc::new(move |generation, reason| {
+                if let Some(baton) = me.upgrade() {
+                    baton.auto_rollback(&pipeline, generation, &reason);
+                }
+            })
+        };
         for (i, slots) in spec.initial_ranges().into_iter().enumerate() {
             let id = format!("{}-{i}", spec.name);
             let path = self
@@ -650,7 +859,8 @@ impl Baton {
                 io,
                 outputs: outputs.clone(),
                 runtime: self.runtime.clone(),
-                module: module.clone(),
+                target: target.clone(),
+                on_rollback: on_rollback.clone(),
                 config: self.config.task.clone(),
                 status: status.clone(),
                 stop: stop.clone(),
@@ -704,6 +914,8 @@ impl Baton {
                     dead_letters: h.status.dead_letters.load(Ordering::Relaxed),
                     last_error: h.status.last_error.lock().clone(),
                     time_ms: h.status.time.snapshot(),
+                    version: h.status.version.lock().clone(),
+                    last_swap: h.status.swap.last.lock().clone(),
                 }
             })
             .collect()
@@ -851,5 +1063,6 @@ fn pipeline_info(r: &PipelineRecord) -> PipelineInfo {
         spec: r.spec.clone(),
         sha256: r.sha256.clone(),
         created_at: r.created_at,
+        swaps: r.swaps.clone(),
     }
 }

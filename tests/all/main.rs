@@ -4,6 +4,8 @@
 mod dead_letters;
 mod http_errors;
 mod kafka;
+mod limits;
 mod memory;
 mod restart;
+mod swap;
 mod word_count;

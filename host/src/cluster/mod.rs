@@ -36,6 +36,27 @@ pub enum ControlEvent {
     Module(ModuleRecord),
     /// A pipeline was created.
     Pipeline(PipelineRecord),
+    /// A pipeline switched module version.
+    Swap(SwapRecord),
+}
+
+/// A pipeline's switch to another version of its module.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SwapRecord {
+    /// The pipeline.
+    pub pipeline: String,
+    /// The version before.
+    pub from: String,
+    /// The version after.
+    pub version: String,
+    /// sha256 of the version after.
+    pub sha256: String,
+    /// When (ms since the epoch).
+    pub at: i64,
+    /// Set for an automatic rollback: why the version `from` was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback_reason: Option<String>,
 }
 
 /// The replayed state of the control log.
@@ -56,6 +77,17 @@ impl Catalog {
             }
             ControlEvent::Pipeline(p) => {
                 self.pipelines.insert(p.spec.name.clone(), p);
+            }
+            ControlEvent::Swap(s) => {
+                if let Some(p) = self.pipelines.get_mut(&s.pipeline) {
+                    p.spec.version = s.version.clone();
+                    p.sha256 = s.sha256.clone();
+                    p.swaps.push(s);
+                    let n = p.swaps.len();
+                    if n > 20 {
+                        p.swaps.drain(..n - 20);
+                    }
+                }
             }
         }
     }

@@ -62,6 +62,33 @@ pub struct PipelineSpec {
     /// `start = "earliest"` or `"latest"`.
     #[serde(default)]
     pub start: Start,
+    /// `limits = { memory_bytes = 67108864, cpu_ms = 2000 }`: what one instance may use.
+    #[serde(default)]
+    pub limits: GuestLimits,
+    /// `swap = { probation_batches = 3, max_failure_share = 0.5 }`: when a new version is
+    /// rolled back.
+    #[serde(default)]
+    pub swap: crate::task::SwapPolicy,
+}
+
+/// Limits of a pipeline's instances. A guest over a limit traps; the record goes to the DLQ.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct GuestLimits {
+    /// Linear memory of one instance, in bytes (default 256 MiB).
+    pub memory_bytes: u64,
+    /// CPU time of the guest per batch, in milliseconds (default 10,000), enforced by epoch
+    /// interruption every 10 ms.
+    pub cpu_ms: u64,
+}
+
+impl Default for GuestLimits {
+    fn default() -> Self {
+        GuestLimits {
+            memory_bytes: 256 << 20,
+            cpu_ms: 10_000,
+        }
+    }
 }
 
 fn default_slots() -> u32 {
@@ -111,6 +138,24 @@ impl PipelineSpec {
                     "invalid store name `{s}`: use 1 to 64 ASCII letters, digits, '-' and '_'"
                 ));
             }
+        }
+        if self.limits.memory_bytes < (1 << 20) || self.limits.memory_bytes > (4 << 30) {
+            return Err(format!(
+                "limits.memory_bytes = {} is out of range: use 1 MiB (1048576) to 4 GiB",
+                self.limits.memory_bytes
+            ));
+        }
+        if self.limits.cpu_ms < 10 || self.limits.cpu_ms > 600_000 {
+            return Err(format!(
+                "limits.cpu_ms = {} is out of range: use 10 to 600000",
+                self.limits.cpu_ms
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.swap.max_failure_share) {
+            return Err(format!(
+                "swap.max_failure_share = {} must be between 0 and 1",
+                self.swap.max_failure_share
+            ));
         }
         let mut seen = std::collections::HashSet::new();
         if let Some(d) = self.stores.iter().find(|s| !seen.insert(*s)) {
@@ -170,6 +215,9 @@ pub struct PipelineRecord {
     /// transactional ids): the cluster's name when the pipeline was created, `baton` by default.
     #[serde(default = "default_prefix")]
     pub prefix: String,
+    /// The last swaps of its module version, oldest first.
+    #[serde(default)]
+    pub swaps: Vec<super::SwapRecord>,
 }
 
 fn default_prefix() -> String {

@@ -3,11 +3,11 @@
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 
 use super::{ApiError, AppState, blocking};
-use crate::app::{Lookup, PipelineInfo};
+use crate::app::{Lookup, PipelineInfo, SwapResult};
 use crate::cluster::PipelineSpec;
 use crate::error::Error;
 
@@ -15,6 +15,7 @@ pub(super) fn router() -> Router<AppState> {
     Router::new()
         .route("/api/v1/pipelines", post(create).get(list))
         .route("/api/v1/pipelines/{pipeline}", get(show))
+        .route("/api/v1/pipelines/{pipeline}/module", put(swap))
         .route(
             "/api/v1/pipelines/{pipeline}/stores/{store}/keys/{key}",
             get(lookup),
@@ -57,4 +58,38 @@ async fn lookup(
     found
         .map(Json)
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("key `{key}` not found")))
+}
+
+/// The body of `PUT /api/v1/pipelines/{p}/module`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SwapBody {
+    /// The module version to run.
+    version: String,
+}
+
+/// How long a swap call waits for every partition to reach a batch boundary.
+const SWAP_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+async fn swap(
+    State(baton): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    body: Result<Json<SwapBody>, JsonRejection>,
+) -> Result<(StatusCode, Json<SwapResult>), ApiError> {
+    let Path(pipeline) = path?;
+    let Json(body) = body?;
+    let result = blocking(move || baton.swap_module(&pipeline, &body.version, SWAP_WAIT)).await?;
+    match result.outcome.as_str() {
+        "rolled-back" => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "version `{}` was rolled back; `{}` runs: {}",
+                result.version,
+                result.running,
+                result.reason.as_deref().unwrap_or("no reason recorded")
+            ),
+        )),
+        "pending" => Ok((StatusCode::ACCEPTED, Json(result))),
+        _ => Ok((StatusCode::OK, Json(result))),
+    }
 }

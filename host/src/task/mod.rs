@@ -9,8 +9,12 @@
 
 pub mod io;
 pub mod kafka;
+pub mod swap;
 
 pub use io::{Batch, EmbeddedIo, PartitionIo, RestoreProgress};
+pub use swap::{
+    ModuleTarget, RollbackHook, SwapOutcome, SwapPolicy, SwapReport, SwapStatus, Target,
+};
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -36,10 +40,6 @@ pub struct TaskConfig {
     pub max_batch: usize,
     /// Most records per guest call.
     pub max_call: usize,
-    /// CPU budget of one guest call, in epoch ticks of 10 ms.
-    pub call_ticks: u64,
-    /// Linear memory limit of an instance, in bytes.
-    pub memory_limit: usize,
 }
 
 impl Default for TaskConfig {
@@ -47,8 +47,6 @@ impl Default for TaskConfig {
         TaskConfig {
             max_batch: 8192,
             max_call: 512,
-            call_ticks: 1000,
-            memory_limit: 256 << 20,
         }
     }
 }
@@ -102,6 +100,10 @@ pub struct PartitionStatus {
     pub restore: Mutex<Option<RestoreProgress>>,
     /// Where the loop's time went.
     pub time: LoopTime,
+    /// Hot swaps.
+    pub swap: SwapStatus,
+    /// The module version running now.
+    pub version: Mutex<String>,
 }
 
 /// Cumulative time of the partition loop by step, in microseconds.
@@ -160,8 +162,10 @@ pub struct PartitionTask {
     pub outputs: Arc<HashMap<String, u32>>,
     /// The runtime.
     pub runtime: Arc<Runtime>,
-    /// The module version to run.
-    pub module: Module,
+    /// The module version the pipeline should run (hot swaps change it).
+    pub target: Arc<ModuleTarget>,
+    /// Told when this partition rejects a new version.
+    pub on_rollback: RollbackHook,
     /// Tuning.
     pub config: TaskConfig,
     /// Shared status.
@@ -182,6 +186,8 @@ impl PartitionStatus {
             last_error: Mutex::new(None),
             restore: Mutex::new(None),
             time: LoopTime::default(),
+            swap: SwapStatus::default(),
+            version: Mutex::new(String::new()),
         }
     }
 }
@@ -239,38 +245,137 @@ impl PartitionTask {
         }
     }
 
-    fn new_instance(&self, ctx: HostCtx) -> Result<Instance, SessionError> {
-        let mut inst = self.runtime.instantiate(&self.module, ctx).map_err(|e| {
-            SessionError::Fatal(format!(
-                "instantiating module {}: {e:#}",
-                self.pipeline.spec.module
-            ))
-        })?;
-        inst.init(&self.pipeline.spec.config_pairs()).map_err(|e| {
-            SessionError::Fatal(format!(
-                "init of module {} failed: {e}",
-                self.pipeline.spec.module
-            ))
-        })?;
+    fn new_instance(&self, module: &Module, ctx: HostCtx) -> Result<Instance, SessionError> {
+        self.try_instance(module, ctx).map_err(SessionError::Fatal)
+    }
+
+    /// An initialised instance of `module`, or why there is none.
+    fn try_instance(&self, module: &Module, ctx: HostCtx) -> Result<Instance, String> {
+        let name = &self.pipeline.spec.module;
+        let mut inst = self
+            .runtime
+            .instantiate(module, ctx)
+            .map_err(|e| format!("instantiating module {name}: {e:#}"))?;
+        inst.init(&self.pipeline.spec.config_pairs())
+            .map_err(|e| format!("init of module {name} failed: {e}"))?;
         Ok(inst)
     }
 
     /// Replaces a trapped instance, keeping the batch's pending writes and outputs.
-    fn replace_instance(&self, inst: Instance) -> Result<Instance, SessionError> {
+    fn replace_instance(&self, module: &Module, inst: Instance) -> Result<Instance, SessionError> {
         let mut ctx = inst.into_ctx();
         ctx.reset_instance_resources();
-        self.new_instance(ctx)
+        self.new_instance(module, ctx)
+    }
+
+    fn fresh_ctx(&self) -> HostCtx {
+        HostCtx::new(
+            self.pipeline.spec.name.as_str().into(),
+            self.db.clone(),
+            self.outputs.clone(),
+            self.pipeline.spec.limits.memory_bytes as usize,
+        )
+    }
+
+    /// Epoch ticks left of the batch's CPU budget (at least one).
+    fn ticks_left(&self, batch_started: Instant) -> u64 {
+        let budget = Duration::from_millis(self.pipeline.spec.limits.cpu_ms);
+        let left = budget.saturating_sub(batch_started.elapsed());
+        (left.as_millis() as u64 / crate::runtime::EPOCH_TICK.as_millis() as u64).max(1)
+    }
+
+    /// At a batch boundary: switches to the target's new generation, if any. On failure the
+    /// partition keeps (or goes back to) the version it ran and reports the rollback.
+    fn maybe_swap(&self, inst: Instance, run: &mut Running) -> Result<Instance, SessionError> {
+        let generation = self.target.generation();
+        if generation == run.current.generation || generation == run.rejected {
+            return Ok(inst);
+        }
+        let target = self.target.get();
+        if target.module.sha256 == run.current.module.sha256 {
+            // Same code (e.g. the pipeline went back to what this partition already runs).
+            *self.status.version.lock() = target.version.clone();
+            self.status.swap.record(SwapReport {
+                generation: target.generation,
+                version: target.version.clone(),
+                outcome: SwapOutcome::Swapped,
+                reason: None,
+                pause_us: 0,
+            });
+            run.current = target;
+            run.previous = None;
+            run.probation = 0;
+            return Ok(inst);
+        }
+        let started = Instant::now();
+        let mut ctx = inst.into_ctx();
+        ctx.reset_instance_resources();
+        match self.try_instance(&target.module, ctx) {
+            Ok(new) => {
+                let pause_us = started.elapsed().as_micros() as u64;
+                tracing::info!(version = %target.version, pause_us, "module swapped");
+                *self.status.version.lock() = target.version.clone();
+                self.status.swap.record(SwapReport {
+                    generation: target.generation,
+                    version: target.version.clone(),
+                    outcome: SwapOutcome::Swapped,
+                    reason: None,
+                    pause_us,
+                });
+                run.previous = Some(std::mem::replace(&mut run.current, target));
+                run.probation = self.pipeline.spec.swap.probation_batches;
+                Ok(new)
+            }
+            Err(reason) => {
+                let back = self.new_instance(&run.current.module, self.fresh_ctx())?;
+                self.reject(run, &target, reason, started);
+                Ok(back)
+            }
+        }
+    }
+
+    fn reject(&self, run: &mut Running, target: &Target, reason: String, started: Instant) {
+        let pause_us = started.elapsed().as_micros() as u64;
+        tracing::warn!(version = %target.version, "module version rolled back: {reason}");
+        run.rejected = target.generation;
+        // The pipeline goes back first, so that whoever sees this report sees the rollback.
+        (self.on_rollback)(target.generation, reason.clone());
+        self.status.swap.record(SwapReport {
+            generation: target.generation,
+            version: target.version.clone(),
+            outcome: SwapOutcome::RolledBack,
+            reason: Some(reason),
+            pause_us,
+        });
+    }
+
+    /// Runs a batch's records through the guest; returns the instance to use next.
+    fn process_batch(
+        &self,
+        mut inst: Instance,
+        module: &Module,
+        groups: &[(u32, Vec<Message>)],
+        dlq: &str,
+    ) -> Result<Instance, SessionError> {
+        let started = Instant::now();
+        for (slot, msgs) in groups {
+            for chunk in msgs.chunks(self.config.max_call) {
+                inst = self.process_chunk(inst, module, *slot, chunk, dlq, started)?;
+            }
+        }
+        Ok(inst)
     }
 
     fn session(&self) -> Result<(), SessionError> {
-        let spec = &self.pipeline.spec;
-        let ctx = HostCtx::new(
-            spec.name.as_str().into(),
-            self.db.clone(),
-            self.outputs.clone(),
-            self.config.memory_limit,
-        );
-        let mut inst = self.new_instance(ctx)?;
+        let current = self.target.get();
+        *self.status.version.lock() = current.version.clone();
+        let mut inst = self.new_instance(&current.module, self.fresh_ctx())?;
+        let mut run = Running {
+            current,
+            previous: None,
+            rejected: 0,
+            probation: 0,
+        };
         let mut io = (self.io)().map_err(SessionError::Retry)?;
 
         *self.status.phase.lock() = Phase::Restoring;
@@ -282,9 +387,12 @@ impl PartitionTask {
         *self.status.phase.lock() = Phase::Running;
         tracing::info!(slots = ?self.slots, "partition running");
 
+        let spec = &self.pipeline.spec;
         let dlq = self.pipeline.dlq_topic();
         let time = &self.status.time;
         while !self.stop.load(Ordering::Relaxed) {
+            // A batch boundary: nothing is pending, so the module can change under the state.
+            inst = self.maybe_swap(inst, &mut run)?;
             let fetch_started = Instant::now();
             let fetched = io
                 .fetch(&next, self.config.max_batch)
@@ -299,6 +407,7 @@ impl PartitionTask {
             let mut count = 0u64;
             let mut offsets = Vec::with_capacity(fetched.len());
             let mut new_next = next.clone();
+            let mut groups = Vec::with_capacity(fetched.len());
             for (ti, slot, recs) in fetched {
                 let idx = (slot - self.slots.start) as usize;
                 if let Some(last) = recs.last() {
@@ -312,8 +421,40 @@ impl PartitionTask {
                     .into_iter()
                     .map(|r| to_message(topic, slot, r))
                     .collect();
-                for chunk in msgs.chunks(self.config.max_call) {
-                    inst = self.process_chunk(inst, slot, chunk, &dlq)?;
+                groups.push((slot, msgs));
+            }
+            let failed_before = self.status.dead_letters.load(Ordering::Relaxed);
+            inst = self.process_batch(inst, &run.current.module.clone(), &groups, &dlq)?;
+            if run.probation > 0 {
+                run.probation -= 1;
+                let failed = self.status.dead_letters.load(Ordering::Relaxed) - failed_before;
+                let share = failed as f64 / count as f64;
+                let max = spec.swap.max_failure_share;
+                if share > max
+                    && let Some(previous) = run.previous.take()
+                {
+                    // Not committed: go back to the previous version and process the batch
+                    // again, so nothing is lost and nothing is seen twice.
+                    let rollback_started = Instant::now();
+                    drop(inst);
+                    self.status
+                        .dead_letters
+                        .fetch_sub(failed, Ordering::Relaxed);
+                    let rejected = std::mem::replace(&mut run.current, previous);
+                    inst = self.new_instance(&run.current.module, self.fresh_ctx())?;
+                    *self.status.version.lock() = run.current.version.clone();
+                    run.probation = 0;
+                    self.reject(
+                        &mut run,
+                        &rejected,
+                        format!(
+                            "{failed} of {count} records failed in a batch right after the swap \
+                             (more than {:.0}% allowed)",
+                            max * 100.0
+                        ),
+                        rollback_started,
+                    );
+                    inst = self.process_batch(inst, &run.current.module.clone(), &groups, &dlq)?;
                 }
             }
             let commit_started = add_elapsed(&time.process_us, started);
@@ -348,9 +489,11 @@ impl PartitionTask {
     fn process_chunk(
         &self,
         mut inst: Instance,
+        module: &Module,
         slot: u32,
         msgs: &[Message],
         dlq: &str,
+        batch_started: Instant,
     ) -> Result<Instance, SessionError> {
         let cursor = |m: &Message| Cursor {
             topic: m.topic.clone(),
@@ -359,7 +502,7 @@ impl PartitionTask {
             timestamp: m.timestamp,
         };
         inst.ctx().begin_call(cursor(&msgs[0]));
-        let err = match inst.process(msgs, self.config.call_ticks) {
+        let err = match inst.process(msgs, self.ticks_left(batch_started)) {
             Ok(()) => {
                 inst.ctx().keep_call();
                 return Ok(inst);
@@ -368,7 +511,7 @@ impl PartitionTask {
         };
         inst.ctx().drop_call();
         if matches!(err, CallError::Trap(_)) {
-            inst = self.replace_instance(inst)?;
+            inst = self.replace_instance(module, inst)?;
         }
         if msgs.len() == 1 {
             self.dead_letter(&mut inst, &msgs[0], &err, dlq);
@@ -380,12 +523,12 @@ impl PartitionTask {
         );
         for m in msgs {
             inst.ctx().begin_call(cursor(m));
-            match inst.process(std::slice::from_ref(m), self.config.call_ticks) {
+            match inst.process(std::slice::from_ref(m), self.ticks_left(batch_started)) {
                 Ok(()) => inst.ctx().keep_call(),
                 Err(e) => {
                     inst.ctx().drop_call();
                     if matches!(e, CallError::Trap(_)) {
-                        inst = self.replace_instance(inst)?;
+                        inst = self.replace_instance(module, inst)?;
                     }
                     self.dead_letter(&mut inst, m, &e, dlq);
                 }
@@ -447,6 +590,15 @@ impl PartitionTask {
         }
         *self.status.progress.lock() = v;
     }
+}
+
+/// The versions a session runs: the current one, the one before a swap under probation, and a
+/// generation this partition refused.
+struct Running {
+    current: Target,
+    previous: Option<Target>,
+    rejected: u64,
+    probation: u32,
 }
 
 /// Why a session ended.

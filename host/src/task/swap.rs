@@ -1,0 +1,161 @@
+//! Hot swap: the module version a pipeline's partitions should run, and what each partition
+//! reports back. The partition loop switches at a batch boundary (its overlay is empty there, so
+//! state is untouched), watches the new version through a probation of a few batches, and goes
+//! back to the version it ran before when `init` fails or too many records fail.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use crate::runtime::Module;
+
+/// When a new version is judged, per pipeline (`swap = { ... }` in the spec).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SwapPolicy {
+    /// Batches after a swap during which the failure share is watched.
+    pub probation_batches: u32,
+    /// A probation batch in which more than this share of records fails (goes to the DLQ) is
+    /// not committed: the partition goes back to the old version and processes it again.
+    pub max_failure_share: f64,
+}
+
+impl Default for SwapPolicy {
+    fn default() -> Self {
+        SwapPolicy {
+            probation_batches: 3,
+            max_failure_share: 0.5,
+        }
+    }
+}
+
+/// The module version a pipeline should run; bumping `generation` asks every partition to switch
+/// at its next batch boundary.
+pub struct ModuleTarget {
+    generation: AtomicU64,
+    current: Mutex<Target>,
+    previous: Mutex<Option<Target>>,
+}
+
+/// One generation of a [`ModuleTarget`].
+#[derive(Clone)]
+pub struct Target {
+    /// Bumped on every change.
+    pub generation: u64,
+    /// Version label.
+    pub version: String,
+    /// The compiled module.
+    pub module: Module,
+}
+
+impl ModuleTarget {
+    /// A target starting at `version`.
+    pub fn new(version: String, module: Module) -> Arc<Self> {
+        Arc::new(ModuleTarget {
+            generation: AtomicU64::new(1),
+            current: Mutex::new(Target {
+                generation: 1,
+                version,
+                module,
+            }),
+            previous: Mutex::new(None),
+        })
+    }
+
+    /// The current generation (a cheap check per batch).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The current target.
+    pub fn get(&self) -> Target {
+        self.current.lock().clone()
+    }
+
+    /// Points the pipeline at `version`; returns the new generation.
+    pub fn set(&self, version: String, module: Module) -> u64 {
+        let mut cur = self.current.lock();
+        *self.previous.lock() = Some(cur.clone());
+        cur.generation += 1;
+        cur.version = version;
+        cur.module = module;
+        self.generation.store(cur.generation, Ordering::Release);
+        cur.generation
+    }
+
+    /// Goes back to the version before `generation`, if the pipeline is still at `generation`
+    /// (an automatic rollback must not undo a newer swap). Returns the version gone back to.
+    pub fn roll_back(&self, generation: u64) -> Option<Target> {
+        let mut cur = self.current.lock();
+        let previous = self.previous.lock().take()?;
+        if cur.generation != generation {
+            return None;
+        }
+        cur.generation += 1;
+        cur.version = previous.version.clone();
+        cur.module = previous.module.clone();
+        self.generation.store(cur.generation, Ordering::Release);
+        Some(cur.clone())
+    }
+}
+
+/// What a partition did with a generation.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SwapReport {
+    /// The generation.
+    pub generation: u64,
+    /// Its version.
+    pub version: String,
+    /// `swapped` or `rolled-back`.
+    pub outcome: SwapOutcome,
+    /// Why it rolled back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Time the partition did not process records while switching, in microseconds.
+    pub pause_us: u64,
+}
+
+/// How a swap ended on a partition.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum SwapOutcome {
+    /// Running the new version.
+    Swapped,
+    /// Back on the previous version.
+    RolledBack,
+}
+
+/// Called by a partition that rolled back: (generation rejected, reason).
+pub type RollbackHook = Arc<dyn Fn(u64, String) + Send + Sync>;
+
+/// Swap history of a partition.
+#[derive(Default)]
+pub struct SwapStatus {
+    /// The last report.
+    pub last: Mutex<Option<SwapReport>>,
+    /// Pauses of the last swaps (most recent last), in microseconds.
+    pub pauses: Mutex<VecDeque<u64>>,
+    /// Swaps completed since start.
+    pub swaps: AtomicU64,
+    /// Rollbacks since start.
+    pub rollbacks: AtomicU64,
+}
+
+impl SwapStatus {
+    /// Records a report.
+    pub fn record(&self, report: SwapReport) {
+        match report.outcome {
+            SwapOutcome::Swapped => self.swaps.fetch_add(1, Ordering::Relaxed),
+            SwapOutcome::RolledBack => self.rollbacks.fetch_add(1, Ordering::Relaxed),
+        };
+        let mut p = self.pauses.lock();
+        p.push_back(report.pause_us);
+        if p.len() > 1000 {
+            p.pop_front();
+        }
+        *self.last.lock() = Some(report);
+    }
+}

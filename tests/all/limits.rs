@@ -1,0 +1,87 @@
+//! Guest limits per pipeline: a guest that loops forever or allocates without end is stopped,
+//! its record goes to the DLQ with the reason, every other record is processed, and the host
+//! stays healthy.
+
+use std::time::Duration;
+
+use baton_tests::{InProcess, wait_for};
+use serde_json::json;
+
+async fn misbehaving_record(
+    plugin: &str,
+    value: &str,
+    limits: serde_json::Value,
+    expect: &str,
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let host = InProcess::start(dir.path()).await?;
+    let api = &host.api;
+    api.upload_plugin(plugin, plugin, "1").await?;
+    api.create_pipeline(json!({
+        "name": "p", "module": plugin, "version": "1", "inputs": ["in"],
+        "stores": ["counts"], "slots": 2, "partitions": 1, "limits": limits
+    }))
+    .await?;
+    let mut recs: Vec<_> = (0..200)
+        .map(|i| (format!("k{}", i % 10), Some("ok".to_string())))
+        .collect();
+    recs.insert(100, ("bad".to_string(), Some(value.to_string())));
+    let started = std::time::Instant::now();
+    api.produce("in", &recs).await?;
+    api.wait_caught_up("p", 201, Duration::from_secs(60))
+        .await?;
+    let took = started.elapsed();
+    for i in 0..10 {
+        assert_eq!(
+            api.counter("p", "counts", &format!("k{i}")).await?,
+            Some(20)
+        );
+    }
+    // The misbehaving record's own increment was discarded with it.
+    assert_eq!(api.counter("p", "counts", "bad").await?, None);
+    let info = api.get("/api/v1/pipelines/p").await?.body;
+    let dlq_topic = info["dlq"].as_str().unwrap_or("").to_string();
+    let dlq = wait_for("the dead letter", Duration::from_secs(10), || {
+        let (api, t) = (api.clone(), dlq_topic.clone());
+        async move {
+            let d = api.read_topic(&t, 2).await?;
+            Ok((!d.is_empty()).then_some(d))
+        }
+    })
+    .await?;
+    assert_eq!(dlq.len(), 1, "{dlq:?}");
+    let error = dlq[0]
+        .headers
+        .get("baton.error")
+        .cloned()
+        .unwrap_or_default();
+    assert!(error.contains(expect), "DLQ error: {error}");
+    eprintln!("{plugin}: stopped and dead-lettered in {took:?}: {error}");
+
+    // The host is healthy and the partition goes on.
+    assert_eq!(api.get("/healthz").await?.status, 200);
+    api.produce("in", &[("k0".to_string(), Some("ok".to_string()))])
+        .await?;
+    api.wait_caught_up("p", 202, Duration::from_secs(30))
+        .await?;
+    assert_eq!(api.counter("p", "counts", "k0").await?, Some(21));
+    let parts = api.partitions().await?;
+    assert_eq!(parts[0]["state"], "running", "{parts:?}");
+    host.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_infinite_loop_is_stopped_by_the_cpu_limit() -> anyhow::Result<()> {
+    misbehaving_record("spin", "loop", json!({"cpu_ms": 300}), "CPU time limit").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_hog_is_stopped_by_the_memory_limit() -> anyhow::Result<()> {
+    misbehaving_record(
+        "hog",
+        "hog",
+        json!({"memory_bytes": 64 << 20}),
+        "memory allocation",
+    )
+    .await
+}
