@@ -103,6 +103,30 @@ impl Api {
         .await
     }
 
+    /// A request with a bearer token (`None`: without).
+    pub async fn send_with_token(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+        token: Option<&str>,
+    ) -> Result<Reply> {
+        let mut req = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        Self::reply(req.send().await?).await
+    }
+
+    /// GET a text body (e.g. /metrics).
+    pub async fn get_text(&self, path: &str) -> Result<(u16, String)> {
+        let r = self.http.get(format!("{}{path}", self.base)).send().await?;
+        Ok((r.status().as_u16(), r.text().await?))
+    }
+
     /// PUT JSON.
     pub async fn put_json(&self, path: &str, body: &Value) -> Result<Reply> {
         Self::reply(
@@ -339,6 +363,15 @@ impl InProcess {
 
     /// Opens a host on `dir`, on Kafka when `kafka` names a bootstrap server.
     pub async fn start_with(dir: &Path, kafka: Option<&str>) -> Result<Self> {
+        Self::start_configured(dir, kafka, |_| {}).await
+    }
+
+    /// Like [`InProcess::start_with`], with a last word on the host's config.
+    pub async fn start_configured(
+        dir: &Path,
+        kafka: Option<&str>,
+        configure: impl FnOnce(&mut baton::HostConfig),
+    ) -> Result<Self> {
         // BATON_TEST_LOG=info shows the in-process host's log.
         if let Ok(filter) = std::env::var("BATON_TEST_LOG") {
             let _ = tracing_subscriber::fmt()
@@ -354,6 +387,7 @@ impl InProcess {
         });
         // Hosts of different tests share the broker, not a cluster.
         cfg.cluster = cluster_name(dir);
+        configure(&mut cfg);
         let baton = tokio::task::spawn_blocking(move || baton::Baton::open(cfg)).await??;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;

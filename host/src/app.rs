@@ -21,8 +21,9 @@ use crate::runtime::{Module, NativeModule, Runtime, WIT_PACKAGE, WIT_VERSION};
 use crate::state::{PartitionDb, StateEnv, slot_key};
 use crate::task::kafka::KafkaIo;
 use crate::task::{
-    EmbeddedIo, IoFactory, LoopTimeMs, ModuleTarget, PartitionIo, PartitionStatus, PartitionTask,
-    Phase, RestoreProgress, RollbackHook, SlotProgress, SwapOutcome, SwapReport, TaskConfig,
+    EmbeddedIo, Event, EventLog, IoFactory, LoopTimeMs, ModuleTarget, PartitionIo, PartitionStatus,
+    PartitionTask, Phase, RestoreProgress, RollbackHook, SlotProgress, SwapOutcome, SwapReport,
+    TaskConfig,
 };
 use crate::transport::embedded::EmbeddedLog;
 use crate::transport::kafka::{KafkaConfig, KafkaTransport};
@@ -48,6 +49,8 @@ pub struct HostConfig {
     /// Name of the cluster: its control log is `<cluster>.control` and its module chunks
     /// `<cluster>.modules`, so that several baton clusters can share one Kafka cluster.
     pub cluster: String,
+    /// With a token, every mutating API call needs `Authorization: Bearer <token>`.
+    pub token: Option<String>,
     /// Processors linked into the host that pipelines may name like uploaded modules (the
     /// benchmarks' native baselines). Every host that runs such a pipeline needs them too.
     pub native_modules: Vec<NativeModule>,
@@ -64,6 +67,7 @@ impl HostConfig {
             kafka: None,
             cluster: "baton".into(),
             native_modules: Vec::new(),
+            token: None,
         }
     }
 }
@@ -172,6 +176,49 @@ pub struct SwapPartition {
     pub report: Option<SwapReport>,
 }
 
+/// Where a slot's state lives, as an [`OwnerResolver`] answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owner {
+    /// This host.
+    Local,
+    /// Another host of the cluster, reachable at `url`.
+    Remote {
+        /// Its host id.
+        host: String,
+        /// Its API's base URL.
+        url: String,
+    },
+}
+
+/// Answers which host owns a pipeline's slot, so that state queries can be sent there. Today a
+/// cluster has one host and the answer is always [`Owner::Local`]; multi-host clusters plug a
+/// resolver over the partition table here.
+pub trait OwnerResolver: Send + Sync {
+    /// The owner of `slot` of `pipeline`.
+    fn owner(&self, pipeline: &str, slot: u32) -> Owner;
+}
+
+/// The single-host resolver.
+pub struct LocalResolver;
+
+impl OwnerResolver for LocalResolver {
+    fn owner(&self, _pipeline: &str, _slot: u32) -> Owner {
+        Owner::Local
+    }
+}
+
+/// One page of a scan.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScanPage {
+    /// Entries in (slot, key) order.
+    pub items: Vec<Lookup>,
+    /// Pass as `cursor` to get the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+    /// True if a partition scanned was restoring: values may be older than the changelog.
+    pub restoring: bool,
+}
+
 /// The answer to a state lookup.
 #[derive(Debug, Clone, Serialize)]
 pub struct Lookup {
@@ -231,6 +278,10 @@ pub struct Baton {
     partitions: RwLock<BTreeMap<String, Arc<PartitionHandle>>>,
     /// Per pipeline: the module version its partitions should run.
     targets: RwLock<BTreeMap<String, Arc<ModuleTarget>>>,
+    /// Per pipeline: recent events.
+    events: RwLock<BTreeMap<String, Arc<EventLog>>>,
+    /// Who owns a slot (always this host for now).
+    resolver: Box<dyn OwnerResolver>,
     /// Itself, for the hooks partitions call back through.
     me: std::sync::Weak<Baton>,
     round_robin: AtomicU32,
@@ -270,9 +321,8 @@ impl Baton {
         let control_topic = format!("{}.control", config.cluster);
         let modules_topic = format!("{}.modules", config.cluster);
         transport.ensure_topic(&control_topic, 1, TopicKind::Forever)?;
-        if kafka.is_some() {
-            transport.ensure_topic(&modules_topic, 1, TopicKind::Forever)?;
-        }
+        // Module bytes in chunks keyed `<sha256>:<i>:<n>`: compaction keeps every chunk.
+        transport.ensure_topic(&modules_topic, 1, TopicKind::Compacted)?;
         let mut catalog = Catalog::default();
         let end = transport.end_offset(&control_topic, 0)?;
         let mut offset = 0;
@@ -292,7 +342,9 @@ impl Baton {
         }
         let baton = Arc::new_cyclic(|me| Baton {
             me: me.clone(),
+            resolver: Box::new(LocalResolver),
             targets: RwLock::new(BTreeMap::new()),
+            events: RwLock::new(BTreeMap::new()),
             config,
             control_topic,
             modules_topic,
@@ -369,7 +421,6 @@ impl Baton {
         if let Ok(bytes) = std::fs::read(&path) {
             return Ok(bytes);
         }
-        anyhow::ensure!(self.kafka.is_some(), "{} is missing", path.display());
         let mut chunks: BTreeMap<usize, Vec<u8>> = BTreeMap::new();
         let mut count = None;
         let end = self.transport.end_offset(&self.modules_topic, 0)?;
@@ -455,8 +506,14 @@ impl Baton {
             write_file(&path, bytes)
                 .map_err(|e| Error::Internal(format!("storing module: {e}")))?;
         }
-        if self.kafka.is_some() {
-            // Every host of the cluster can fetch it from the log.
+        let known = self
+            .catalog
+            .lock()
+            .modules
+            .values()
+            .any(|m| m.sha256 == module.sha256);
+        if !known {
+            // Every host of the cluster can fetch it from the log: no shared filesystem.
             let chunks: Vec<&[u8]> = bytes.chunks(MODULE_CHUNK).collect();
             let n = chunks.len();
             let records: Vec<Record> = chunks
@@ -734,6 +791,17 @@ impl Baton {
         })
     }
 
+    /// Events of `pipeline` newer than `after`.
+    pub fn events(&self, pipeline: &str, after: u64, limit: usize) -> Result<Vec<Event>> {
+        self.pipeline(pipeline)?;
+        Ok(self
+            .events
+            .read()
+            .get(pipeline)
+            .map(|e| e.since(after, limit))
+            .unwrap_or_default())
+    }
+
     /// Called by a partition that refused `generation`: takes the pipeline back to the version
     /// it ran before, unless something newer was asked for meanwhile, and records why.
     fn auto_rollback(&self, pipeline: &str, generation: u64, reason: &str) {
@@ -804,6 +872,10 @@ impl Baton {
         self.targets
             .write()
             .insert(spec.name.clone(), target.clone());
+        let events = Arc::new(EventLog::default());
+        self.events
+            .write()
+            .insert(spec.name.clone(), events.clone());
         let on_rollback: RollbackHook = {
             let (me, pipeline) = (self.me.clone(), spec.name.clone());
             Arc::new(move |generation, reason| {
@@ -861,6 +933,7 @@ impl Baton {
                 runtime: self.runtime.clone(),
                 target: target.clone(),
                 on_rollback: on_rollback.clone(),
+                events: events.clone(),
                 config: self.config.task.clone(),
                 status: status.clone(),
                 stop: stop.clone(),
@@ -881,6 +954,11 @@ impl Baton {
             self.partitions.write().insert(id, Arc::new(handle));
         }
         Ok(())
+    }
+
+    /// The running partitions with their live status (for metrics).
+    pub fn partition_handles(&self) -> Vec<Arc<PartitionHandle>> {
+        self.partitions.read().values().cloned().collect()
     }
 
     /// The partition table.
@@ -996,20 +1074,33 @@ impl Baton {
                 ))
             })?;
         let slot = partition_for_key(key, record.spec.slots);
-        let handle = self
-            .partitions
+        let handle = self.local_owner(pipeline, slot)?;
+        let Some(value) = handle.db.get(store_id, &slot_key(slot, key))? else {
+            return Ok(None);
+        };
+        Ok(Some(self.entry(&handle, slot, key, value)))
+    }
+
+    /// The local partition owning `slot`, or why the query cannot be answered here.
+    fn local_owner(&self, pipeline: &str, slot: u32) -> Result<Arc<PartitionHandle>> {
+        if let Owner::Remote { host, url } = self.resolver.owner(pipeline, slot) {
+            return Err(Error::Unavailable(format!(
+                "slot {slot} of `{pipeline}` is owned by host {host} ({url}); ask it there"
+            )));
+        }
+        self.partitions
             .read()
             .values()
             .find(|h| h.pipeline == pipeline && h.slots.contains(&slot))
             .cloned()
             .ok_or_else(|| {
-                Error::Internal(format!("no partition of `{pipeline}` owns slot {slot}"))
-            })?;
-        let Some(value) = handle.db.get(store_id, &slot_key(slot, key))? else {
-            return Ok(None);
-        };
+                Error::Unavailable(format!("no partition of `{pipeline}` owns slot {slot} yet"))
+            })
+    }
+
+    fn entry(&self, handle: &PartitionHandle, slot: u32, key: &[u8], value: Vec<u8>) -> Lookup {
         use base64::Engine as _;
-        Ok(Some(Lookup {
+        Lookup {
             key: String::from_utf8_lossy(key).into_owned(),
             value: String::from_utf8(value.clone()).ok(),
             value_base64: base64::engine::general_purpose::STANDARD.encode(&value),
@@ -1020,7 +1111,86 @@ impl Baton {
             partition: handle.id.clone(),
             owner: self.config.host_id.clone(),
             restoring: matches!(*handle.status.phase.lock(), Phase::Restoring),
-        }))
+        }
+    }
+
+    /// Keys of `store` starting with `prefix`, in (slot, key) order, `limit` at a time from
+    /// `cursor` (the `next_cursor` of the previous page).
+    pub fn scan(
+        &self,
+        pipeline: &str,
+        store: &str,
+        prefix: &[u8],
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> Result<ScanPage> {
+        let record = self.pipeline(pipeline)?;
+        let store_id = record
+            .spec
+            .stores
+            .iter()
+            .position(|s| s == store)
+            .ok_or_else(|| {
+                Error::NotFound(format!(
+                    "pipeline `{pipeline}` has no store `{store}`; its stores: [{}]",
+                    record.spec.stores.join(", ")
+                ))
+            })?;
+        let bad_cursor = || {
+            Error::BadRequest(
+                "invalid cursor: pass the `next_cursor` of the previous page unchanged".into(),
+            )
+        };
+        let (first_slot, after) = match cursor {
+            None => (0, None),
+            Some(c) => {
+                let (slot, key) = c.split_once(':').ok_or_else(bad_cursor)?;
+                let slot: u32 = slot.parse().map_err(|_| bad_cursor())?;
+                let key = hex::decode(key).map_err(|_| bad_cursor())?;
+                if slot >= record.spec.slots || !key.starts_with(prefix) {
+                    return Err(bad_cursor());
+                }
+                (slot, Some(key))
+            }
+        };
+        let mut items = Vec::new();
+        let mut last = None;
+        let mut restoring = false;
+        for slot in first_slot..record.spec.slots {
+            if items.len() == limit {
+                break;
+            }
+            let handle = self.local_owner(pipeline, slot)?;
+            restoring |= matches!(*handle.status.phase.lock(), Phase::Restoring);
+            let start = match &after {
+                Some(k) if slot == first_slot => {
+                    let mut s = slot_key(slot, k);
+                    s.push(0); // the smallest key after the cursor
+                    s
+                }
+                _ => slot_key(slot, prefix),
+            };
+            let end = match prefix_end(prefix) {
+                Some(p) => slot_key(slot, &p),
+                None => slot_key(slot + 1, &[]),
+            };
+            for (k, v) in handle
+                .db
+                .scan(store_id, &start, &end, limit - items.len())?
+            {
+                items.push(self.entry(&handle, slot, &k[4..], v));
+                last = Some((slot, k[4..].to_vec()));
+            }
+        }
+        let next_cursor = (items.len() == limit)
+            .then_some(last)
+            .flatten()
+            .map(|(slot, key)| format!("{slot}:{}", hex::encode(key)));
+        Ok(ScanPage {
+            items,
+            next_cursor,
+            restoring,
+        })
     }
 
     /// Stops every partition at its next batch boundary and waits for them.
@@ -1065,4 +1235,17 @@ fn pipeline_info(r: &PipelineRecord) -> PipelineInfo {
         created_at: r.created_at,
         swaps: r.swaps.clone(),
     }
+}
+
+/// The smallest byte string greater than every string starting with `prefix`, or `None` when
+/// there is none (empty prefix, or all 0xff).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
 }

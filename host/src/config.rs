@@ -21,6 +21,8 @@ pub struct FileConfig {
     pub max_call: Option<usize>,
     /// `cluster = "baton"`: the cluster's name; its control log is `<cluster>.control`.
     pub cluster: Option<String>,
+    /// `token = "..."`: mutating API calls need `Authorization: Bearer <token>`.
+    pub token: Option<String>,
     /// `kafka = "127.0.0.1:9092"`: run on Kafka instead of the embedded log.
     pub kafka: Option<String>,
     /// `kafka_config = { "compression.type" = "lz4" }`: librdkafka settings for every client.

@@ -53,6 +53,9 @@ struct RunArgs {
     /// Cluster name: the control log is `<cluster>.control` [default: baton].
     #[arg(long)]
     cluster: Option<String>,
+    /// Require `Authorization: Bearer TOKEN` on every mutating API call (also BATON_TOKEN).
+    #[arg(long, env = "BATON_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     /// A librdkafka setting for every client, key=value (repeatable).
     #[arg(long = "kafka-config", value_parser = parse_key_value)]
     kafka_config: Vec<(String, String)>,
@@ -95,6 +98,10 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(n) = args.max_call.or(file.max_call) {
         anyhow::ensure!(n > 0, "--max-call must be at least 1");
         config.task.max_call = n;
+    }
+    if let Some(t) = args.token.or(file.token) {
+        anyhow::ensure!(!t.trim().is_empty(), "--token must not be empty");
+        config.token = Some(t);
     }
     if let Some(c) = args.cluster.or(file.cluster) {
         config.cluster = c;

@@ -1,6 +1,7 @@
 //! baton's integration tests: one binary, real RocksDB, real wasmtime, real plugins built to
 //! wasm32-wasip2 by the build script, and a real Apache Kafka broker started by `scripts/kafka`.
 
+mod api;
 mod dead_letters;
 mod http_errors;
 mod kafka;

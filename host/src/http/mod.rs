@@ -3,6 +3,7 @@
 
 pub mod error;
 mod host;
+mod metrics;
 mod modules;
 mod partitions;
 mod pipelines;
@@ -31,13 +32,81 @@ pub fn router(baton: Arc<Baton>) -> Router {
     Router::new()
         .route("/", get(dashboard))
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics::render))
         .merge(host::router())
         .merge(modules::router())
         .merge(pipelines::router())
         .merge(partitions::router())
         .merge(topics::router())
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(baton.clone(), auth))
         .with_state(baton)
+}
+
+/// With a token configured, every call that changes something (any method but GET and HEAD)
+/// needs `Authorization: Bearer <token>`.
+async fn auth(
+    axum::extract::State(baton): axum::extract::State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::http::{Method, header};
+    let Some(token) = &baton.config().token else {
+        return next.run(req).await;
+    };
+    if matches!(*req.method(), Method::GET | Method::HEAD) {
+        return next.run(req).await;
+    }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => next.run(req).await,
+        Some(_) => unauthorized("the bearer token is wrong"),
+        None => unauthorized(&format!(
+            "{} {} changes state and needs `Authorization: Bearer <token>` (this host runs with --token)",
+            req.method(),
+            req.uri().path()
+        )),
+    }
+}
+
+fn unauthorized(message: &str) -> axum::response::Response {
+    let mut r = ApiError::new(axum::http::StatusCode::UNAUTHORIZED, message).into_response();
+    r.headers_mut().insert(
+        axum::http::header::WWW_AUTHENTICATE,
+        axum::http::HeaderValue::from_static("Bearer"),
+    );
+    r
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Ready when every partition is running (not starting, restoring, recovering or failed).
+async fn readyz(
+    axum::extract::State(baton): axum::extract::State<AppState>,
+) -> axum::response::Response {
+    let parts = baton.partitions();
+    let waiting: Vec<_> = parts
+        .iter()
+        .filter(|p| p.state != "running")
+        .map(|p| serde_json::json!({ "id": p.id, "state": p.state, "error": p.error }))
+        .collect();
+    if waiting.is_empty() {
+        axum::Json(serde_json::json!({ "status": "ready", "partitions": parts.len() }))
+            .into_response()
+    } else {
+        (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({ "status": "not ready", "waiting": waiting })),
+        )
+            .into_response()
+    }
 }
 
 async fn healthz() -> impl IntoResponse {

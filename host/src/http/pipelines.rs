@@ -7,15 +7,21 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router};
 
 use super::{ApiError, AppState, blocking};
-use crate::app::{Lookup, PipelineInfo, SwapResult};
+use crate::app::{Lookup, PipelineInfo, ScanPage, SwapResult};
 use crate::cluster::PipelineSpec;
 use crate::error::Error;
+use crate::task::Event;
 
 pub(super) fn router() -> Router<AppState> {
     Router::new()
         .route("/api/v1/pipelines", post(create).get(list))
         .route("/api/v1/pipelines/{pipeline}", get(show))
         .route("/api/v1/pipelines/{pipeline}/module", put(swap))
+        .route("/api/v1/pipelines/{pipeline}/events", get(events))
+        .route(
+            "/api/v1/pipelines/{pipeline}/stores/{store}/keys",
+            get(scan),
+        )
         .route(
             "/api/v1/pipelines/{pipeline}/stores/{store}/keys/{key}",
             get(lookup),
@@ -92,4 +98,68 @@ async fn swap(
         "pending" => Ok((StatusCode::ACCEPTED, Json(result))),
         _ => Ok((StatusCode::OK, Json(result))),
     }
+}
+
+/// Query of `GET .../keys`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScanQuery {
+    /// Only keys starting with this (UTF-8).
+    #[serde(default)]
+    prefix: String,
+    /// Page size, 1 to 1000 (default 100).
+    limit: Option<usize>,
+    /// `next_cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+async fn scan(
+    State(baton): State<AppState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    query: Result<axum::extract::Query<ScanQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<ScanPage>, ApiError> {
+    let Path((pipeline, store)) = path?;
+    let axum::extract::Query(q) = query.map_err(|e| {
+        ApiError::bad_request(format!("{}; use ?prefix=&limit=&cursor=", e.body_text()))
+    })?;
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::bad_request(format!(
+            "limit = {limit}: use 1 to 1000"
+        )));
+    }
+    let page = blocking(move || {
+        baton.scan(
+            &pipeline,
+            &store,
+            q.prefix.as_bytes(),
+            limit,
+            q.cursor.as_deref(),
+        )
+    })
+    .await?;
+    Ok(Json(page))
+}
+
+/// Query of `GET .../events`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventsQuery {
+    /// Only events with a larger `seq`.
+    #[serde(default)]
+    after: u64,
+    /// At most this many, 1 to 1000 (default 100).
+    limit: Option<usize>,
+}
+
+async fn events(
+    State(baton): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<axum::extract::Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Vec<Event>>, ApiError> {
+    let Path(pipeline) = path?;
+    let axum::extract::Query(q) = query
+        .map_err(|e| ApiError::bad_request(format!("{}; use ?after=SEQ&limit=N", e.body_text())))?;
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    Ok(Json(baton.events(&pipeline, q.after, limit)?))
 }

@@ -207,6 +207,27 @@ impl PartitionDb {
         &self.path
     }
 
+    /// Approximate bytes of state: live SST data plus memtables, over every store.
+    pub fn approximate_size(&self) -> u64 {
+        let mut total = 0;
+        for store in 0..self.cf_names.len() {
+            if let Ok(cf) = self.cf(store) {
+                for prop in [
+                    "rocksdb.estimate-live-data-size",
+                    "rocksdb.cur-size-all-mem-tables",
+                ] {
+                    total += self
+                        .db
+                        .property_int_value_cf(cf, prop)
+                        .ok()
+                        .flatten()
+                        .unwrap_or(0);
+                }
+            }
+        }
+        total
+    }
+
     fn cf(&self, store: usize) -> Result<&rocksdb::ColumnFamily> {
         let name = self
             .cf_names

@@ -7,10 +7,12 @@
 //! an error (a broker restart, a failed transaction) the next session starts from what was
 //! committed, after a back-off. How a batch commits depends on the transport (see [`io`]).
 
+pub mod events;
 pub mod io;
 pub mod kafka;
 pub mod swap;
 
+pub use events::{Event, EventLog};
 pub use io::{Batch, EmbeddedIo, PartitionIo, RestoreProgress};
 pub use swap::{
     ModuleTarget, RollbackHook, SwapOutcome, SwapPolicy, SwapReport, SwapStatus, Target,
@@ -102,6 +104,10 @@ pub struct PartitionStatus {
     pub time: LoopTime,
     /// Hot swaps.
     pub swap: SwapStatus,
+    /// Records sent to outputs (dead letters included) since start.
+    pub records_out: AtomicU64,
+    /// Time from a batch's last fetched record to its commit.
+    pub batch_latency: Histogram,
     /// The module version running now.
     pub version: Mutex<String>,
 }
@@ -140,6 +146,34 @@ impl LoopTime {
     }
 }
 
+/// Upper bounds of [`Histogram`] buckets, in seconds.
+pub const HISTOGRAM_BOUNDS: [f64; 13] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// A latency histogram for Prometheus: per-bucket counts (the last one is +Inf) and a sum.
+#[derive(Default)]
+pub struct Histogram {
+    /// Counts per bucket of [`HISTOGRAM_BOUNDS`], then one for larger values.
+    pub buckets: [AtomicU64; 14],
+    /// Sum of the observations, in microseconds.
+    pub sum_us: AtomicU64,
+}
+
+impl Histogram {
+    /// Adds an observation.
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let i = HISTOGRAM_BOUNDS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(HISTOGRAM_BOUNDS.len());
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+}
+
 fn add_elapsed(counter: &AtomicU64, since: Instant) -> Instant {
     let now = Instant::now();
     counter.fetch_add((now - since).as_micros() as u64, Ordering::Relaxed);
@@ -166,6 +200,8 @@ pub struct PartitionTask {
     pub target: Arc<ModuleTarget>,
     /// Told when this partition rejects a new version.
     pub on_rollback: RollbackHook,
+    /// The pipeline's events.
+    pub events: Arc<EventLog>,
     /// Tuning.
     pub config: TaskConfig,
     /// Shared status.
@@ -187,6 +223,8 @@ impl PartitionStatus {
             restore: Mutex::new(None),
             time: LoopTime::default(),
             swap: SwapStatus::default(),
+            records_out: AtomicU64::new(0),
+            batch_latency: Histogram::default(),
             version: Mutex::new(String::new()),
         }
     }
@@ -314,6 +352,16 @@ impl PartitionTask {
             Ok(new) => {
                 let pause_us = started.elapsed().as_micros() as u64;
                 tracing::info!(version = %target.version, pause_us, "module swapped");
+                self.events.push(
+                    "swap",
+                    None,
+                    format!(
+                        "now running version {} (paused {pause_us} µs)",
+                        target.version
+                    ),
+                    &self.id,
+                    None,
+                );
                 *self.status.version.lock() = target.version.clone();
                 self.status.swap.record(SwapReport {
                     generation: target.generation,
@@ -337,6 +385,13 @@ impl PartitionTask {
     fn reject(&self, run: &mut Running, target: &Target, reason: String, started: Instant) {
         let pause_us = started.elapsed().as_micros() as u64;
         tracing::warn!(version = %target.version, "module version rolled back: {reason}");
+        self.events.push(
+            "rollback",
+            None,
+            format!("version {} rolled back: {reason}", target.version),
+            &self.id,
+            None,
+        );
         run.rejected = target.generation;
         // The pipeline goes back first, so that whoever sees this report sees the rollback.
         (self.on_rollback)(target.generation, reason.clone());
@@ -471,6 +526,10 @@ impl PartitionTask {
             }
             add_elapsed(&time.commit_us, commit_started);
             next = new_next;
+            self.status.batch_latency.observe(started.elapsed());
+            self.status
+                .records_out
+                .fetch_add(outputs as u64, Ordering::Relaxed);
             self.status.records.fetch_add(count, Ordering::Relaxed);
             self.status.batches.fetch_add(1, Ordering::Relaxed);
             self.update_progress(io.as_mut(), &next);
@@ -502,7 +561,9 @@ impl PartitionTask {
             timestamp: m.timestamp,
         };
         inst.ctx().begin_call(cursor(&msgs[0]));
-        let err = match inst.process(msgs, self.ticks_left(batch_started)) {
+        let result = inst.process(msgs, self.ticks_left(batch_started));
+        self.take_logs(&mut inst);
+        let err = match result {
             Ok(()) => {
                 inst.ctx().keep_call();
                 return Ok(inst);
@@ -523,7 +584,9 @@ impl PartitionTask {
         );
         for m in msgs {
             inst.ctx().begin_call(cursor(m));
-            match inst.process(std::slice::from_ref(m), self.ticks_left(batch_started)) {
+            let result = inst.process(std::slice::from_ref(m), self.ticks_left(batch_started));
+            self.take_logs(&mut inst);
+            match result {
                 Ok(()) => inst.ctx().keep_call(),
                 Err(e) => {
                     inst.ctx().drop_call();
@@ -537,9 +600,32 @@ impl PartitionTask {
         Ok(inst)
     }
 
+    /// Moves the guest's log lines of the last call into the pipeline's events.
+    fn take_logs(&self, inst: &mut Instance) {
+        for l in std::mem::take(&mut inst.ctx().logs) {
+            self.events
+                .push("log", Some(l.level), l.message, &self.id, Some(&l.cursor));
+        }
+    }
+
     fn dead_letter(&self, inst: &mut Instance, m: &Message, err: &CallError, dlq: &str) {
         let msg = err.to_string();
         let (topic, slot, offset) = (&m.topic, m.slot, m.offset);
+        self.events.push(
+            match err {
+                CallError::Guest(_) => "error",
+                CallError::Trap(_) => "trap",
+            },
+            None,
+            format!("{msg}; record sent to {dlq}"),
+            &self.id,
+            Some(&Cursor {
+                topic: topic.clone(),
+                slot,
+                offset,
+                timestamp: m.timestamp,
+            }),
+        );
         tracing::warn!(%topic, slot, offset, "record sent to {dlq}: {msg}");
         let mut headers: Vec<(String, Vec<u8>)> = m
             .headers

@@ -1,0 +1,206 @@
+//! `/metrics` in the Prometheus text format: per partition (labels `pipeline`, `partition`)
+//! records in and out, dead letters, batches and their latency, time in the guest, state size,
+//! lag, restore progress and swaps; per host the shared RocksDB cache.
+
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+
+use super::AppState;
+use crate::task::HISTOGRAM_BOUNDS;
+
+pub(super) async fn render(State(baton): State<AppState>) -> impl IntoResponse {
+    let text = tokio::task::spawn_blocking(move || text(&baton))
+        .await
+        .unwrap_or_default();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+}
+
+fn text(baton: &crate::Baton) -> String {
+    let mut out = String::new();
+    let handles = baton.partition_handles();
+    let infos = baton.partitions();
+    let labels = |pipeline: &str, id: &str| format!("pipeline=\"{pipeline}\",partition=\"{id}\"");
+    let mut family = |name: &str, kind: &str, help: &str, rows: Vec<(String, f64)>| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (l, v) in rows {
+            let _ = writeln!(out, "{name}{{{l}}} {v}");
+        }
+    };
+    let per = |f: &dyn Fn(&crate::app::PartitionHandle) -> f64| -> Vec<(String, f64)> {
+        handles
+            .iter()
+            .map(|h| (labels(&h.pipeline, &h.id), f(h)))
+            .collect()
+    };
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed) as f64;
+    family(
+        "baton_records_in_total",
+        "counter",
+        "Input records processed and committed.",
+        per(&|h| load(&h.status.records)),
+    );
+    family(
+        "baton_records_out_total",
+        "counter",
+        "Records sent to output topics, dead letters included.",
+        per(&|h| load(&h.status.records_out)),
+    );
+    family(
+        "baton_dead_letters_total",
+        "counter",
+        "Records sent to the dead-letter topic.",
+        per(&|h| load(&h.status.dead_letters)),
+    );
+    family(
+        "baton_batches_total",
+        "counter",
+        "Batches committed.",
+        per(&|h| load(&h.status.batches)),
+    );
+    family(
+        "baton_guest_seconds_total",
+        "counter",
+        "Time spent in guest calls (Wasm), state reads included.",
+        per(&|h| load(&h.status.time.process_us) / 1e6),
+    );
+    family(
+        "baton_commit_seconds_total",
+        "counter",
+        "Time spent committing batches.",
+        per(&|h| load(&h.status.time.commit_us) / 1e6),
+    );
+    family(
+        "baton_state_bytes",
+        "gauge",
+        "Approximate bytes of state (live SST data and memtables).",
+        per(&|h| h.db.approximate_size() as f64),
+    );
+    family(
+        "baton_lag_records",
+        "gauge",
+        "Input records not yet processed.",
+        infos
+            .iter()
+            .map(|p| (labels(&p.pipeline, &p.id), p.lag as f64))
+            .collect(),
+    );
+    family(
+        "baton_restore_records_done",
+        "gauge",
+        "Changelog records applied by the last restore.",
+        infos
+            .iter()
+            .map(|p| {
+                let done = p.restore.as_ref().map(|r| r.done).unwrap_or(0);
+                (labels(&p.pipeline, &p.id), done as f64)
+            })
+            .collect(),
+    );
+    family(
+        "baton_restore_records_total",
+        "gauge",
+        "Changelog records the last restore had to apply.",
+        infos
+            .iter()
+            .map(|p| {
+                let total = p.restore.as_ref().map(|r| r.total).unwrap_or(0);
+                (labels(&p.pipeline, &p.id), total as f64)
+            })
+            .collect(),
+    );
+    family(
+        "baton_swaps_total",
+        "counter",
+        "Module versions switched to.",
+        per(&|h| load(&h.status.swap.swaps)),
+    );
+    family(
+        "baton_rollbacks_total",
+        "counter",
+        "Module versions rolled back.",
+        per(&|h| load(&h.status.swap.rollbacks)),
+    );
+    family(
+        "baton_last_swap_pause_seconds",
+        "gauge",
+        "Pause of the last module swap.",
+        per(&|h| {
+            h.status
+                .swap
+                .last
+                .lock()
+                .as_ref()
+                .map(|r| r.pause_us as f64 / 1e6)
+                .unwrap_or(0.0)
+        }),
+    );
+    // The batch latency histogram.
+    let name = "baton_batch_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Time from a batch's fetch to its commit.\n# TYPE {name} histogram"
+    );
+    for h in &handles {
+        let l = labels(&h.pipeline, &h.id);
+        let hist = &h.status.batch_latency;
+        let mut cumulative = 0u64;
+        for (i, bucket) in hist.buckets.iter().enumerate() {
+            cumulative += bucket.load(Ordering::Relaxed);
+            let le = HISTOGRAM_BOUNDS
+                .get(i)
+                .map(|b| b.to_string())
+                .unwrap_or_else(|| "+Inf".into());
+            let _ = writeln!(out, "{name}_bucket{{{l},le=\"{le}\"}} {cumulative}");
+        }
+        let sum = hist.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(
+            out,
+            "{name}_sum{{{l}}} {sum}\n{name}_count{{{l}}} {cumulative}"
+        );
+    }
+    // Per host.
+    let env = baton.state_env();
+    let stats = env.cache_stats();
+    for (name, kind, help, v) in [
+        (
+            "baton_block_cache_usage_bytes",
+            "gauge",
+            "Bytes in the shared RocksDB block cache (memtable reservations included).",
+            env.cache_usage() as f64,
+        ),
+        (
+            "baton_block_cache_capacity_bytes",
+            "gauge",
+            "The --state-memory bound.",
+            env.memory() as f64,
+        ),
+        (
+            "baton_block_cache_hits_total",
+            "counter",
+            "Block reads served from the cache.",
+            stats.hits as f64,
+        ),
+        (
+            "baton_block_cache_misses_total",
+            "counter",
+            "Block reads that went to disk.",
+            stats.misses as f64,
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+        );
+    }
+    out
+}
