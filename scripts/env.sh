@@ -1,7 +1,7 @@
 # Shared settings of baton's scripts; sourced, not run.
 # Builds and downloads live outside the checkout so that every clone reuses them.
 BATON_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BATON_CACHE=${BATON_CACHE:-$HOME/.cache/baton}
+export BATON_CACHE=${BATON_CACHE:-$HOME/.cache/baton}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$BATON_CACHE/target}
 # Plugins build in a target dir of their own: the tests' build script builds them while the
 # outer cargo holds the lock on CARGO_TARGET_DIR.

@@ -86,6 +86,11 @@ impl Api {
         })
     }
 
+    /// The base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
     /// GET a path.
     pub async fn get(&self, path: &str) -> Result<Reply> {
         Self::reply(self.http.get(format!("{}{path}", self.base)).send().await?).await

@@ -91,7 +91,7 @@ pub struct PartitionHandle {
 }
 
 /// A partition as `GET /api/v1/partitions` shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct PartitionInfo {
     /// Partition id.
     pub id: String,
@@ -132,7 +132,7 @@ pub struct PartitionInfo {
 }
 
 /// A pipeline as `GET /api/v1/pipelines` shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct PipelineInfo {
     /// The spec.
     #[serde(flatten)]
@@ -148,7 +148,7 @@ pub struct PipelineInfo {
 }
 
 /// The answer to a hot swap.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct SwapResult {
     /// The pipeline.
     pub pipeline: String,
@@ -167,7 +167,7 @@ pub struct SwapResult {
 }
 
 /// One partition's part of a swap.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct SwapPartition {
     /// Partition id.
     pub id: String,
@@ -208,7 +208,7 @@ impl OwnerResolver for LocalResolver {
 }
 
 /// One page of a scan.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ScanPage {
     /// Entries in (slot, key) order.
     pub items: Vec<Lookup>,
@@ -220,7 +220,7 @@ pub struct ScanPage {
 }
 
 /// The answer to a state lookup.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Lookup {
     /// The key asked for.
     pub key: String,
@@ -255,7 +255,7 @@ pub struct ProduceRecord {
 }
 
 /// Where a produced record landed.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct Produced {
     /// Slot (partition of the topic).
     pub slot: u32,

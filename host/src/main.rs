@@ -1,4 +1,7 @@
-//! The `baton` binary.
+//! The `baton` binary: `baton run` is a host; the other subcommands are clients of a host's
+//! HTTP API (`--url`, `--token`).
+
+mod cli;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,6 +20,8 @@ use baton::{Baton, HostConfig};
     about = "A host for stateful stream processors written as WebAssembly components"
 )]
 struct Cli {
+    #[command(flatten)]
+    conn: cli::Connection,
     #[command(subcommand)]
     command: Command,
 }
@@ -25,6 +30,28 @@ struct Cli {
 enum Command {
     /// Runs a host: the API and dashboard, and every pipeline's partitions.
     Run(RunArgs),
+    /// Uploads and lists modules.
+    #[command(subcommand)]
+    Modules(cli::Modules),
+    /// Creates, lists and hot-swaps pipelines.
+    #[command(subcommand)]
+    Pipelines(cli::Pipelines),
+    /// Shows the partition table.
+    Partitions,
+    /// Looks up one key of a pipeline's store.
+    Get {
+        /// Pipeline.
+        pipeline: String,
+        /// Store.
+        store: String,
+        /// Key (UTF-8).
+        key: String,
+    },
+    /// Produces stdin's lines (`key<TAB>value`, or `key`) to a topic.
+    Produce {
+        /// Topic.
+        topic: String,
+    },
 }
 
 #[derive(clap::Args)]
@@ -53,9 +80,6 @@ struct RunArgs {
     /// Cluster name: the control log is `<cluster>.control` [default: baton].
     #[arg(long)]
     cluster: Option<String>,
-    /// Require `Authorization: Bearer TOKEN` on every mutating API call (also BATON_TOKEN).
-    #[arg(long, env = "BATON_TOKEN", hide_env_values = true)]
-    token: Option<String>,
     /// A librdkafka setting for every client, key=value (repeatable).
     #[arg(long = "kafka-config", value_parser = parse_key_value)]
     kafka_config: Vec<(String, String)>,
@@ -69,12 +93,28 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
-        Command::Run(args) => run(args),
-    }
+    let cli = Cli::parse();
+    let call = match cli.command {
+        // `--token` (or BATON_TOKEN) is what the host requires of mutating calls.
+        Command::Run(args) => return run(args, cli.conn.token),
+        Command::Modules(m) => cli::Call::Modules(m),
+        Command::Pipelines(p) => cli::Call::Pipelines(p),
+        Command::Partitions => cli::Call::Partitions,
+        Command::Get {
+            pipeline,
+            store,
+            key,
+        } => cli::Call::Get {
+            pipeline,
+            store,
+            key,
+        },
+        Command::Produce { topic } => cli::Call::Produce { topic },
+    };
+    cli::run(cli.conn, call)
 }
 
-fn run(args: RunArgs) -> anyhow::Result<()> {
+fn run(args: RunArgs, token: Option<String>) -> anyhow::Result<()> {
     let file = match &args.config {
         Some(p) => FileConfig::load(p).map_err(anyhow::Error::msg)?,
         None => FileConfig::default(),
@@ -99,7 +139,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         anyhow::ensure!(n > 0, "--max-call must be at least 1");
         config.task.max_call = n;
     }
-    if let Some(t) = args.token.or(file.token) {
+    if let Some(t) = token.or(file.token) {
         anyhow::ensure!(!t.trim().is_empty(), "--token must not be empty");
         config.token = Some(t);
     }

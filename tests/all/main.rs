@@ -2,11 +2,13 @@
 //! wasm32-wasip2 by the build script, and a real Apache Kafka broker started by `scripts/kafka`.
 
 mod api;
+mod cli;
 mod dead_letters;
 mod http_errors;
 mod kafka;
 mod limits;
 mod memory;
+mod openapi;
 mod restart;
 mod swap;
 mod word_count;

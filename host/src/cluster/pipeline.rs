@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::transport::validate_topic_name;
 
 /// Delivery guarantee of a pipeline.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Guarantee {
     /// Each input record affects state and outputs exactly once (default).
@@ -19,7 +19,7 @@ pub enum Guarantee {
 }
 
 /// Where a new pipeline starts reading its inputs.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Start {
     /// From the first record (default).
@@ -30,7 +30,7 @@ pub enum Start {
 }
 
 /// The body of `POST /api/v1/pipelines`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineSpec {
     /// `name = "word-count"`: letters, digits, `-` and `_`, at most 64.
@@ -72,7 +72,7 @@ pub struct PipelineSpec {
 }
 
 /// Limits of a pipeline's instances. A guest over a limit traps; the record goes to the DLQ.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct GuestLimits {
     /// Linear memory of one instance, in bytes (default 256 MiB).

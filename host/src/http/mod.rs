@@ -5,6 +5,7 @@ pub mod error;
 mod host;
 mod metrics;
 mod modules;
+pub mod openapi;
 mod partitions;
 mod pipelines;
 mod topics;
@@ -34,6 +35,7 @@ pub fn router(baton: Arc<Baton>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics::render))
+        .route("/api/v1/openapi.json", get(openapi::serve))
         .merge(host::router())
         .merge(modules::router())
         .merge(pipelines::router())

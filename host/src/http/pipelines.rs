@@ -67,9 +67,9 @@ async fn lookup(
 }
 
 /// The body of `PUT /api/v1/pipelines/{p}/module`.
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct SwapBody {
+pub(crate) struct SwapBody {
     /// The module version to run.
     version: String,
 }

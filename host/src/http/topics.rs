@@ -20,8 +20,8 @@ pub(super) fn router() -> Router<AppState> {
         .layer(axum::extract::DefaultBodyLimit::max(JSON_LIMIT))
 }
 
-#[derive(Serialize)]
-struct TopicInfo {
+#[derive(Serialize, schemars::JsonSchema)]
+pub(crate) struct TopicInfo {
     name: String,
     partitions: u32,
 }
@@ -37,9 +37,9 @@ async fn list(State(baton): State<AppState>) -> Result<Json<Vec<TopicInfo>>, Api
 }
 
 /// One record of a produce request: UTF-8 strings; `value: null` is a tombstone.
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct NewRecord {
+pub(crate) struct NewRecord {
     key: Option<String>,
     value: Option<String>,
     #[serde(default)]
@@ -96,15 +96,15 @@ struct ReadQuery {
     limit: Option<usize>,
 }
 
-#[derive(Serialize)]
-struct HeaderOut {
+#[derive(Serialize, schemars::JsonSchema)]
+pub(crate) struct HeaderOut {
     key: String,
     value: Option<String>,
     value_base64: String,
 }
 
-#[derive(Serialize)]
-struct RecordOut {
+#[derive(Serialize, schemars::JsonSchema)]
+pub(crate) struct RecordOut {
     offset: u64,
     timestamp: i64,
     key: Option<String>,
@@ -114,8 +114,8 @@ struct RecordOut {
     headers: Vec<HeaderOut>,
 }
 
-#[derive(Serialize)]
-struct ReadOut {
+#[derive(Serialize, schemars::JsonSchema)]
+pub(crate) struct ReadOut {
     topic: String,
     slot: u32,
     records: Vec<RecordOut>,

@@ -14,7 +14,7 @@ use crate::runtime::Cursor;
 pub const EVENTS_KEPT: usize = 1000;
 
 /// One event.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Event {
     /// Increasing number: pass the last one seen as `after` to get only newer events.
     pub seq: u64,

@@ -72,7 +72,7 @@ pub enum Phase {
 }
 
 /// Progress of one input slot.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct SlotProgress {
     /// Input topic.
     pub topic: String,
@@ -124,7 +124,7 @@ pub struct LoopTime {
 }
 
 /// [`LoopTime`] as the partition table shows it, in milliseconds.
-#[derive(Debug, Clone, Copy, Serialize, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Default, schemars::JsonSchema)]
 pub struct LoopTimeMs {
     /// Waiting for and reading input.
     pub fetch: u64,

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::runtime::Module;
 
 /// When a new version is judged, per pipeline (`swap = { ... }` in the spec).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SwapPolicy {
     /// Batches after a swap during which the failure share is watched.
@@ -103,7 +103,7 @@ impl ModuleTarget {
 }
 
 /// What a partition did with a generation.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct SwapReport {
     /// The generation.
     pub generation: u64,
@@ -119,7 +119,7 @@ pub struct SwapReport {
 }
 
 /// How a swap ended on a partition.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum SwapOutcome {
     /// Running the new version.

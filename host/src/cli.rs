@@ -1,0 +1,234 @@
+//! `baton` client subcommands: each is one or two calls to a host's HTTP API.
+
+use std::io::BufRead as _;
+use std::path::PathBuf;
+
+use anyhow::{Context as _, bail};
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+
+/// Where the API is.
+#[derive(Args, Clone)]
+pub struct Connection {
+    /// The host's API (client commands).
+    #[arg(long, env = "BATON_URL", default_value = "http://127.0.0.1:8080", global = true)]
+    pub url: String,
+    /// Bearer token: what `baton run` requires of mutating calls, and what client commands
+    /// send.
+    #[arg(long, env = "BATON_TOKEN", hide_env_values = true, global = true)]
+    pub token: Option<String>,
+}
+
+/// `baton modules ...`
+#[derive(Subcommand)]
+pub enum Modules {
+    /// Uploads a component as NAME/VERSION.
+    Push {
+        /// The component (.wasm).
+        file: PathBuf,
+        /// Module name.
+        #[arg(long)]
+        name: String,
+        /// Version label.
+        #[arg(long)]
+        version: String,
+    },
+    /// Lists module versions.
+    List,
+}
+
+/// `baton pipelines ...`
+#[derive(Subcommand)]
+pub enum Pipelines {
+    /// Creates a pipeline from a spec file (JSON or TOML; `-` reads JSON from stdin).
+    Create {
+        /// The spec.
+        file: PathBuf,
+    },
+    /// Lists pipelines.
+    List,
+    /// Switches a pipeline to another version of its module (also a rollback).
+    Swap {
+        /// The pipeline.
+        pipeline: String,
+        /// The version to run.
+        #[arg(long)]
+        version: String,
+    },
+}
+
+/// A client command.
+pub enum Call {
+    /// Modules.
+    Modules(Modules),
+    /// Pipelines.
+    Pipelines(Pipelines),
+    /// The partition table.
+    Partitions,
+    /// One key of a store.
+    Get {
+        /// Pipeline.
+        pipeline: String,
+        /// Store.
+        store: String,
+        /// Key (UTF-8).
+        key: String,
+    },
+    /// Produces lines of stdin (`key<TAB>value`, or just `key`) to a topic.
+    Produce {
+        /// Topic.
+        topic: String,
+    },
+}
+
+struct Client {
+    http: reqwest::Client,
+    conn: Connection,
+}
+
+impl Client {
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let url = format!("{}{path}", self.conn.url.trim_end_matches('/'));
+        let req = self.http.request(method, url);
+        match &self.conn.token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+    }
+
+    /// Sends and returns the JSON body, or fails with the API's error message.
+    async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<Value> {
+        let r = req
+            .send()
+            .await
+            .with_context(|| format!("cannot reach baton at {}", self.conn.url))?;
+        let status = r.status();
+        let text = r.text().await?;
+        let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if !status.is_success() {
+            let msg = body["error"].as_str().map(str::to_string).unwrap_or(body.to_string());
+            bail!("{} {}: {msg}", status.as_u16(), status.canonical_reason().unwrap_or(""));
+        }
+        Ok(body)
+    }
+}
+
+/// Runs a client command and prints its answer as JSON.
+pub fn run(conn: Connection, call: Call) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let client = Client {
+        http: reqwest::Client::new(),
+        conn,
+    };
+    let out = rt.block_on(call_api(&client, call))?;
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}
+
+async fn call_api(c: &Client, call: Call) -> anyhow::Result<Value> {
+    use reqwest::Method;
+    match call {
+        Call::Modules(Modules::Push {
+            file,
+            name,
+            version,
+        }) => {
+            let bytes =
+                std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+            c.send(
+                c.request(Method::POST, "/api/v1/modules")
+                    .query(&[("name", &name), ("version", &version)])
+                    .header("content-type", "application/wasm")
+                    .body(bytes),
+            )
+            .await
+        }
+        Call::Modules(Modules::List) => c.send(c.request(Method::GET, "/api/v1/modules")).await,
+        Call::Pipelines(Pipelines::Create { file }) => {
+            let text = if file.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin())?
+            } else {
+                std::fs::read_to_string(&file)
+                    .with_context(|| format!("reading {}", file.display()))?
+            };
+            let spec: Value = if file.extension().is_some_and(|e| e == "toml") {
+                let t: toml::Value = toml::from_str(&text)
+                    .with_context(|| format!("{} is not valid TOML", file.display()))?;
+                serde_json::to_value(t)?
+            } else {
+                serde_json::from_str(&text)
+                    .with_context(|| format!("{} is not valid JSON", file.display()))?
+            };
+            c.send(c.request(Method::POST, "/api/v1/pipelines").json(&spec))
+                .await
+        }
+        Call::Pipelines(Pipelines::List) => {
+            c.send(c.request(Method::GET, "/api/v1/pipelines")).await
+        }
+        Call::Pipelines(Pipelines::Swap { pipeline, version }) => {
+            c.send(
+                c.request(Method::PUT, &format!("/api/v1/pipelines/{pipeline}/module"))
+                    .json(&json!({ "version": version })),
+            )
+            .await
+        }
+        Call::Partitions => c.send(c.request(Method::GET, "/api/v1/partitions")).await,
+        Call::Get {
+            pipeline,
+            store,
+            key,
+        } => {
+            c.send(c.request(
+                Method::GET,
+                &format!(
+                    "/api/v1/pipelines/{pipeline}/stores/{store}/keys/{}",
+                    encode_path(&key)
+                ),
+            ))
+            .await
+        }
+        Call::Produce { topic } => {
+            let mut produced = 0usize;
+            let mut batch = Vec::new();
+            let stdin = std::io::stdin();
+            let mut lines = stdin.lock().lines();
+            loop {
+                let line = lines.next().transpose()?;
+                if let Some(l) = &line {
+                    let (k, v) = match l.split_once('\t') {
+                        Some((k, v)) => (k, Some(v)),
+                        None => (l.as_str(), None),
+                    };
+                    batch.push(json!({ "key": k, "value": v }));
+                }
+                if batch.len() == 1000 || (line.is_none() && !batch.is_empty()) {
+                    c.send(
+                        c.request(Method::POST, &format!("/api/v1/topics/{topic}/records"))
+                            .json(&batch),
+                    )
+                    .await?;
+                    produced += batch.len();
+                    batch.clear();
+                }
+                if line.is_none() {
+                    break;
+                }
+            }
+            Ok(json!({ "topic": topic, "produced": produced }))
+        }
+    }
+}
+
+/// Percent-encodes a path segment.
+fn encode_path(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}

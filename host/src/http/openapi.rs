@@ -1,0 +1,322 @@
+//! `GET /api/v1/openapi.json`: the OpenAPI 3.1 document of this API. Request and response
+//! schemas are generated from the Rust types the handlers use (serde attributes included), so
+//! they cannot drift from the code; the operations are listed once here.
+
+use axum::Json;
+use schemars::generate::{SchemaGenerator, SchemaSettings};
+use serde_json::{Map, Value, json};
+
+use super::pipelines::SwapBody;
+use super::topics::{NewRecord, ReadOut, TopicInfo};
+use crate::app::{Lookup, PartitionInfo, PipelineInfo, Produced, ScanPage, SwapResult};
+use crate::cluster::{ModuleRecord, PipelineSpec};
+use crate::task::Event;
+
+type Param = (&'static str, &'static str, bool, &'static str, &'static str);
+
+const P_PIPELINE: Param = ("pipeline", "path", true, "Pipeline name.", "string");
+
+/// One operation.
+struct Op {
+    method: &'static str,
+    path: &'static str,
+    summary: &'static str,
+    /// (name, where, required, description, type)
+    params: &'static [Param],
+    request: Option<(&'static str, Value)>,
+    ok: (u16, &'static str, Option<Value>),
+    errors: &'static [u16],
+}
+
+fn error_schema() -> Value {
+    json!({
+        "type": "object",
+        "required": ["error", "status"],
+        "properties": {
+            "error": { "type": "string", "description": "What went wrong, naming the problem." },
+            "status": { "type": "integer" }
+        }
+    })
+}
+
+fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
+    let mut s = |f: fn(&mut SchemaGenerator) -> schemars::Schema| f(g).to_value();
+    let arr = |v: Value| json!({ "type": "array", "items": v });
+    vec![
+        Op {
+            method: "get",
+            path: "/healthz",
+            summary: "Liveness.",
+            params: &[],
+            request: None,
+            ok: (200, "application/json", Some(json!({"type": "object"}))),
+            errors: &[],
+        },
+        Op {
+            method: "get",
+            path: "/readyz",
+            summary: "Readiness: every partition running; 503 lists those that are not.",
+            params: &[],
+            request: None,
+            ok: (200, "application/json", Some(json!({"type": "object"}))),
+            errors: &[503],
+        },
+        Op {
+            method: "get",
+            path: "/metrics",
+            summary: "Prometheus metrics per pipeline and partition.",
+            params: &[],
+            request: None,
+            ok: (200, "text/plain", Some(json!({"type": "string"}))),
+            errors: &[],
+        },
+        Op {
+            method: "get",
+            path: "/api/v1/openapi.json",
+            summary: "This document.",
+            params: &[],
+            request: None,
+            ok: (200, "application/json", Some(json!({"type": "object"}))),
+            errors: &[],
+        },
+        Op {
+            method: "get",
+            path: "/api/v1/host",
+            summary: "This host: transport, cluster, RocksDB memory and block-cache hit rate.",
+            params: &[],
+            request: None,
+            ok: (200, "application/json", Some(json!({"type": "object"}))),
+            errors: &[],
+        },
+        Op {
+            method: "post",
+            path: "/api/v1/modules",
+            summary: "Uploads a component as name/version; it is validated before it is stored.",
+            params: &[
+                ("name", "query", true, "Module name.", "string"),
+                ("version", "query", true, "Version label.", "string"),
+            ],
+            request: Some(("application/wasm", json!({"type": "string", "format": "binary"}))),
+            ok: (201, "application/json", Some(s(|g| g.subschema_for::<ModuleRecord>()))),
+            errors: &[400, 401, 409, 413, 422],
+        },
+        Op {
+            method: "get",
+            path: "/api/v1/modules",
+            summary: "Every module version with its size, WIT version and upload time.",
+            params: &[],
+            request: None,
+            ok: (200, "application/json", Some(arr(s(|g| g.subschema_for::<ModuleRecord>())))),
+            errors: &[],
+        },
+        Op {
+            method: "post",
+            path: "/api/v1/pipelines",
+            summary: "Creates a pipeline and starts its partitions.",
+            params: &[],
+            request: Some(("application/json", s(|g| g.subschema_for::<PipelineSpec>()))),
+            ok: (201, "application/json", Some(s(|g| g.subschema_for::<PipelineInfo>()))),
+            errors: &[400, 401, 409, 413],
+        },
+        Op {
+            method: "get",
+            path: "/api/v1/pipelines",
+            summary: "Every pipeline.",
+            params: &[],
+            request: None,
+            ok: (200, "application/json", Some(arr(s(|g| g.subschema_for::<PipelineInfo>())))),
+            errors: &[],
+        },
+        Op {
+            method: "get",
+            path: "/api/v1/pipelines/{pipeline}",
+            summary: "One pipeline, with its swap history.",
+            params: &[P_PIPELINE],
+            request: None,
+            ok: (200, "application/json", Some(s(|g| g.subschema_for::<PipelineInfo>()))),
+            errors: &[404],
+        },
+        Op {
+            method: "put",
+            path: "/api/v1/pipelines/{pipeline}/module",
+            summary: "Hot swap (or rollback) to another version at every partition's next batch boundary.",
+            params: &[P_PIPELINE],
+            request: Some(("application/json", s(|g| g.subschema_for::<SwapBody>()))),
+            ok: (200, "application/json", Some(s(|g| g.subschema_for::<SwapResult>()))),
+            errors: &[400, 401, 404, 409],
+        },
+        Op {
+            method: "get",
+            path: "/api/v1/pipelines/{pipeline}/events",
+            summary: "Recent guest logs, errors, traps and swaps, with the record that caused each.",
+            params: &[
+                P_PIPELINE,
+                ("after", "query", false, "Only events with a larger seq.", "integer"),
+                ("limit", "query", false, "At most this many (1 to 1000, default 100).", "integer"),
+            ],
+            request: None,
+            ok: (200, "application/json", Some(arr(s(|g| g.subschema_for::<Event>())))),
+            errors: &[400, 404],
+        },
+        Op {
+            method: "get",
+            path: "/api/v1/pipelines/{pipeline}/stores/{store}/keys",
+            summary: "Scans a store in (slot, key) order, a page at a time.",
+            params: &[
+                P_PIPELINE,
+                ("store", "path", true, "Store name.", "string"),
+                ("prefix", "query", false, "Only keys starting with this.", "string"),
+                ("limit", "query", false, "Page size, 1 to 1000 (default 100).", "integer"),
+                ("cursor", "query", false, "next_cursor of the previous page.", "string"),
+            ],
+            request: None,
+            ok: (200, "application/json", Some(s(|g| g.subschema_for::<ScanPage>()))),
+            errors: &[400, 404, 503],
+        },
+        Op {
+            method: "get",
+            path: "/api/v1/pipelines/{pipeline}/stores/{store}/keys/{key}",
+            summary: "Looks up one key, on the host that owns its slot.",
+            params: &[
+                P_PIPELINE,
+                ("store", "path", true, "Store name.", "string"),
+                ("key", "path", true, "The key (UTF-8).", "string"),
+            ],
+            request: None,
+            ok: (200, "application/json", Some(s(|g| g.subschema_for::<Lookup>()))),
+            errors: &[404, 503],
+        },
+        Op {
+            method: "get",
+            path: "/api/v1/partitions",
+            summary: "The partition table: slots, owner, state, offsets, lag, restore, swaps.",
+            params: &[],
+            request: None,
+            ok: (200, "application/json", Some(arr(s(|g| g.subschema_for::<PartitionInfo>())))),
+            errors: &[],
+        },
+        Op {
+            method: "get",
+            path: "/api/v1/topics",
+            summary: "Topics and their partition counts.",
+            params: &[],
+            request: None,
+            ok: (200, "application/json", Some(arr(s(|g| g.subschema_for::<TopicInfo>())))),
+            errors: &[],
+        },
+        Op {
+            method: "post",
+            path: "/api/v1/topics/{topic}/records",
+            summary: "Produces records; returns where each landed once it is durable.",
+            params: &[("topic", "path", true, "Topic.", "string")],
+            request: Some(("application/json", arr(s(|g| g.subschema_for::<NewRecord>())))),
+            ok: (200, "application/json", Some(arr(s(|g| g.subschema_for::<Produced>())))),
+            errors: &[400, 401, 404, 413],
+        },
+        Op {
+            method: "get",
+            path: "/api/v1/topics/{topic}/records",
+            summary: "Reads records of one slot from an offset.",
+            params: &[
+                ("topic", "path", true, "Topic.", "string"),
+                ("slot", "query", true, "Slot (partition).", "integer"),
+                ("offset", "query", false, "First offset (default 0).", "integer"),
+                ("limit", "query", false, "At most this many (1 to 10000, default 100).", "integer"),
+            ],
+            request: None,
+            ok: (200, "application/json", Some(s(|g| g.subschema_for::<ReadOut>()))),
+            errors: &[400, 404],
+        },
+    ]
+}
+
+/// The document.
+pub fn document() -> Value {
+    let mut settings = SchemaSettings::draft2020_12();
+    settings.definitions_path = "/components/schemas".into();
+    settings.meta_schema = None;
+    let mut g = settings.into_generator();
+    let mut paths = Map::new();
+    for op in ops(&mut g) {
+        let mut o = Map::new();
+        o.insert("summary".into(), op.summary.into());
+        o.insert(
+            "operationId".into(),
+            format!(
+                "{}{}",
+                op.method,
+                op.path.replace(['/', '{', '}', '.'], "_").trim_end_matches('_')
+            )
+            .into(),
+        );
+        if !op.params.is_empty() {
+            let params: Vec<Value> = op
+                .params
+                .iter()
+                .map(|(name, at, required, description, ty)| {
+                    json!({ "name": name, "in": at, "required": required,
+                            "description": description, "schema": { "type": ty } })
+                })
+                .collect();
+            o.insert("parameters".into(), params.into());
+        }
+        if let Some((content_type, schema)) = op.request {
+            o.insert(
+                "requestBody".into(),
+                json!({ "required": true, "content": { content_type: { "schema": schema } } }),
+            );
+        }
+        let mut responses = Map::new();
+        let (code, content_type, schema) = op.ok;
+        let mut ok = json!({ "description": "Success." });
+        if let Some(schema) = schema {
+            ok["content"] = json!({ content_type: { "schema": schema } });
+        }
+        responses.insert(code.to_string(), ok);
+        for e in op.errors {
+            let description = match e {
+                400 => "Bad input; the message names the problem.",
+                401 => "A token is configured and the call lacks `Authorization: Bearer <token>`.",
+                404 => "Not found.",
+                409 => "Conflicts with what exists (or a swap was rolled back).",
+                413 => "The body is over the size limit.",
+                422 => "A module that is not a valid component of the processor world.",
+                503 => "Not available yet (restoring, not ready, or owned elsewhere).",
+                _ => "Error.",
+            };
+            responses.insert(
+                e.to_string(),
+                json!({ "description": description,
+                        "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } } }),
+            );
+        }
+        o.insert("responses".into(), responses.into());
+        if op.path.starts_with("/api/v1/") && op.method != "get" {
+            o.insert("security".into(), json!([{ "bearer": [] }]));
+        }
+        let entry = paths
+            .entry(op.path.to_string())
+            .or_insert_with(|| Value::Object(Map::new()));
+        entry[op.method] = Value::Object(o);
+    }
+    let mut schemas = g.take_definitions(true);
+    schemas.insert("Error".into(), error_schema());
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "baton",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "A host for stateful stream processors written as WebAssembly components."
+        },
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } }
+        }
+    })
+}
+
+pub(super) async fn serve() -> Json<Value> {
+    Json(document())
+}
+

@@ -1,0 +1,127 @@
+//! The `baton` client subcommands against a host with a token: push, create, produce, get,
+//! list, swap and partitions; and a clear failure without the token.
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use baton_tests::{InProcess, baton_bin, plugin, with_custom_section};
+use serde_json::Value;
+
+struct Cli {
+    url: String,
+    token: Option<String>,
+}
+
+impl Cli {
+    /// Runs `baton ARGS` with `stdin`; returns (success, stdout JSON, stderr).
+    fn run(&self, args: &[&str], stdin: &str) -> anyhow::Result<(bool, Value, String)> {
+        let mut cmd = Command::new(baton_bin());
+        cmd.args(["--url", &self.url]).args(args);
+        cmd.env_remove("BATON_TOKEN").env_remove("BATON_URL");
+        if let Some(t) = &self.token {
+            cmd.args(["--token", t]);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        child
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(stdin.as_bytes())?;
+        let out = child.wait_with_output()?;
+        Ok((
+            out.status.success(),
+            serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ))
+    }
+
+    fn ok(&self, args: &[&str], stdin: &str) -> anyhow::Result<Value> {
+        let (ok, out, err) = self.run(args, stdin)?;
+        anyhow::ensure!(ok, "baton {args:?} failed: {err}");
+        Ok(out)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_drives_a_host() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let host = InProcess::start_configured(dir.path(), None, |c| {
+        c.token = Some("t0ken".into());
+    })
+    .await?;
+    let cli = Cli {
+        url: host.api.base().to_string(),
+        token: Some("t0ken".into()),
+    };
+    let v2 = dir.path().join("v2.wasm");
+    std::fs::write(
+        &v2,
+        with_custom_section(std::fs::read(plugin("word-count"))?, "v", b"2"),
+    )?;
+    let spec = dir.path().join("wc.toml");
+    std::fs::write(
+        &spec,
+        "name = \"wc\"\nmodule = \"word-count\"\nversion = \"1\"\ninputs = [\"words\"]\nstores = [\"counts\"]\nslots = 4\npartitions = 2\n",
+    )?;
+    let result = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let wc = plugin("word-count");
+        let m = cli.ok(
+            &["modules", "push", wc.to_str().unwrap_or(""), "--name", "word-count", "--version", "1"],
+            "",
+        )?;
+        assert_eq!(m["version"], "1", "{m}");
+        cli.ok(
+            &["modules", "push", v2.to_str().unwrap_or(""), "--name", "word-count", "--version", "2"],
+            "",
+        )?;
+        let listed = cli.ok(&["modules", "list"], "")?;
+        assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
+        let p = cli.ok(&["pipelines", "create", spec.to_str().unwrap_or("")], "")?;
+        assert_eq!(p["name"], "wc", "{p}");
+        let produced = cli.ok(&["produce", "words"], "a\nb\ta-value\na\nc\na\n")?;
+        assert_eq!(produced["produced"], 5, "{produced}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let (ok, got, _) = cli.run(&["get", "wc", "counts", "a"], "")?;
+            if ok && got["value_i64"] == 3 {
+                break;
+            }
+            anyhow::ensure!(std::time::Instant::now() < deadline, "count of a: {got}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let swapped = cli.ok(&["pipelines", "swap", "wc", "--version", "2"], "")?;
+        assert_eq!(swapped["outcome"], "swapped", "{swapped}");
+        let pipelines = cli.ok(&["pipelines", "list"], "")?;
+        assert_eq!(pipelines[0]["version"], "2", "{pipelines}");
+        let parts = cli.ok(&["partitions"], "")?;
+        assert_eq!(parts.as_array().map(Vec::len), Some(2), "{parts}");
+
+        // Errors: the API's message, a non-zero exit.
+        let anonymous = Cli {
+            url: cli.url.clone(),
+            token: None,
+        };
+        let (ok, _, err) = anonymous.run(&["pipelines", "swap", "wc", "--version", "1"], "")?;
+        assert!(!ok);
+        assert!(err.contains("401") && err.contains("Bearer"), "{err}");
+        let (ok, _, err) = cli.run(&["get", "wc", "counts", "never-seen"], "")?;
+        assert!(!ok);
+        assert!(err.contains("404"), "{err}");
+        let nowhere = Cli {
+            url: "http://127.0.0.1:9".into(),
+            token: None,
+        };
+        let (ok, _, err) = nowhere.run(&["partitions"], "")?;
+        assert!(!ok);
+        assert!(err.contains("cannot reach baton"), "{err}");
+        Ok(())
+    })
+    .await?;
+    result?;
+    host.stop().await
+}
