@@ -11,7 +11,12 @@ use serde_json::{Value, json};
 #[derive(Args, Clone)]
 pub struct Connection {
     /// The host's API (client commands).
-    #[arg(long, env = "BATON_URL", default_value = "http://127.0.0.1:8080", global = true)]
+    #[arg(
+        long,
+        env = "BATON_URL",
+        default_value = "http://127.0.0.1:8080",
+        global = true
+    )]
     pub url: String,
     /// Bearer token: what `baton run` requires of mutating calls, and what client commands
     /// send.
@@ -106,8 +111,15 @@ impl Client {
         let text = r.text().await?;
         let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
         if !status.is_success() {
-            let msg = body["error"].as_str().map(str::to_string).unwrap_or(body.to_string());
-            bail!("{} {}: {msg}", status.as_u16(), status.canonical_reason().unwrap_or(""));
+            let msg = body["error"]
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or(body.to_string());
+            bail!(
+                "{} {}: {msg}",
+                status.as_u16(),
+                status.canonical_reason().unwrap_or("")
+            );
         }
         Ok(body)
     }

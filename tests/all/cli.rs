@@ -71,12 +71,28 @@ async fn the_cli_drives_a_host() -> anyhow::Result<()> {
     let result = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let wc = plugin("word-count");
         let m = cli.ok(
-            &["modules", "push", wc.to_str().unwrap_or(""), "--name", "word-count", "--version", "1"],
+            &[
+                "modules",
+                "push",
+                wc.to_str().unwrap_or(""),
+                "--name",
+                "word-count",
+                "--version",
+                "1",
+            ],
             "",
         )?;
         assert_eq!(m["version"], "1", "{m}");
         cli.ok(
-            &["modules", "push", v2.to_str().unwrap_or(""), "--name", "word-count", "--version", "2"],
+            &[
+                "modules",
+                "push",
+                v2.to_str().unwrap_or(""),
+                "--name",
+                "word-count",
+                "--version",
+                "2",
+            ],
             "",
         )?;
         let listed = cli.ok(&["modules", "list"], "")?;

@@ -85,3 +85,82 @@ async fn a_memory_hog_is_stopped_by_the_memory_limit() -> anyhow::Result<()> {
     )
     .await
 }
+
+/// Reads what the probe plugin saw for key `k`.
+async fn probe(
+    api: &baton_tests::Api,
+    pipeline: &str,
+    k: &str,
+    what: &str,
+) -> anyhow::Result<String> {
+    let r = api
+        .get(&format!(
+            "/api/v1/pipelines/{pipeline}/stores/probe/keys/{k}"
+        ))
+        .await?;
+    anyhow::ensure!(r.status == 200, "{k}: {}", r.body);
+    let seen: serde_json::Value = serde_json::from_str(r.body["value"].as_str().unwrap_or(""))?;
+    Ok(match &seen[what] {
+        serde_json::Value::String(s) => s.clone(),
+        v => v.to_string(),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guests_get_no_clock_randomness_files_or_environment_unless_granted() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let host = InProcess::start(dir.path()).await?;
+    let api = &host.api;
+    api.upload_plugin("probe", "probe", "1").await?;
+    let slot = |k: &str| baton::transport::partitioner::partition_for_key(k.as_bytes(), 2);
+    let a = "a".to_string();
+    let b = (0..)
+        .map(|i| format!("b{i}"))
+        .find(|k| slot(k) != slot(&a))
+        .expect("a key in the other slot");
+    for (name, wasi) in [
+        ("sealed", json!({})),
+        ("granted", json!({"clocks": true, "random": true})),
+    ] {
+        api.create_pipeline(json!({
+            "name": name, "module": "probe", "version": "1", "inputs": [format!("{name}-in")],
+            "stores": ["probe"], "slots": 2, "partitions": 2, "wasi": wasi
+        }))
+        .await?;
+        // Keys a and b land in different slots, so in different partitions (instances).
+        let positions = api
+            .produce(
+                &format!("{name}-in"),
+                &[(a.clone(), None), (b.clone(), None)],
+            )
+            .await?;
+        assert_ne!(positions[0].0, positions[1].0, "{a} and {b} share a slot");
+        api.wait_caught_up(name, 2, Duration::from_secs(30)).await?;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    // Not granted: the clock is frozen at the epoch, the "random" seeds are the same in every
+    // instance, and there is no file system or environment.
+    assert_eq!(probe(api, "sealed", "a", "time").await?, "0");
+    assert_eq!(
+        probe(api, "sealed", "a", "hash").await?,
+        probe(api, "sealed", &b, "hash").await?
+    );
+    for p in ["sealed", "granted"] {
+        assert_eq!(probe(api, p, "a", "file").await?, "false");
+        assert_eq!(probe(api, p, "a", "env").await?, "0");
+    }
+    // Granted: the real clock, and real randomness.
+    let t: u64 = probe(api, "granted", "a", "time").await?.parse()?;
+    assert!(
+        t + 60 >= now && t <= now + 60,
+        "granted clock says {t}, now is {now}"
+    );
+    assert_ne!(
+        probe(api, "granted", "a", "hash").await?,
+        probe(api, "granted", &b, "hash").await?
+    );
+    host.stop().await
+}

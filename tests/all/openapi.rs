@@ -5,9 +5,11 @@ use baton_tests::InProcess;
 use reqwest::Method;
 
 fn validator() -> std::path::PathBuf {
-    let cache = std::env::var("BATON_CACHE").map(std::path::PathBuf::from).unwrap_or_else(|_| {
-        std::path::PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/baton")
-    });
+    let cache = std::env::var("BATON_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| {
+            std::path::PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/baton")
+        });
     cache.join("py/bin/openapi-spec-validator")
 }
 
@@ -22,7 +24,11 @@ async fn the_openapi_document_validates_and_matches_the_routes() -> anyhow::Resu
     let file = dir.path().join("openapi.json");
     std::fs::write(&file, serde_json::to_vec_pretty(&doc)?)?;
     let tool = validator();
-    anyhow::ensure!(tool.exists(), "{} is missing: run scripts/setup", tool.display());
+    anyhow::ensure!(
+        tool.exists(),
+        "{} is missing: run scripts/setup",
+        tool.display()
+    );
     let out = std::process::Command::new(&tool).arg(&file).output()?;
     assert!(
         out.status.success(),
@@ -33,8 +39,20 @@ async fn the_openapi_document_validates_and_matches_the_routes() -> anyhow::Resu
 
     // Schemas come from the code: the spec of a pipeline has the fields the server accepts.
     let spec = &doc["components"]["schemas"]["PipelineSpec"]["properties"];
-    for field in ["name", "module", "version", "inputs", "slots", "guarantee", "limits", "swap"] {
-        assert!(spec.get(field).is_some(), "PipelineSpec lacks {field}: {spec}");
+    for field in [
+        "name",
+        "module",
+        "version",
+        "inputs",
+        "slots",
+        "guarantee",
+        "limits",
+        "swap",
+    ] {
+        assert!(
+            spec.get(field).is_some(),
+            "PipelineSpec lacks {field}: {spec}"
+        );
     }
     // Every documented operation reaches a handler (the fallback answers "no route").
     let paths = doc["paths"].as_object().expect("paths");

@@ -56,6 +56,7 @@ fn bench(c: &mut Criterion) {
         db.clone(),
         Arc::new(HashMap::new()),
         64 << 20,
+        Default::default(),
     );
     let mut inst = runtime.instantiate(&module, ctx).unwrap();
     inst.init(&[]).unwrap();

@@ -8,7 +8,9 @@ use serde::{Deserialize, Serialize};
 use crate::transport::validate_topic_name;
 
 /// Delivery guarantee of a pipeline.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Guarantee {
     /// Each input record affects state and outputs exactly once (default).
@@ -19,7 +21,9 @@ pub enum Guarantee {
 }
 
 /// Where a new pipeline starts reading its inputs.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Start {
     /// From the first record (default).
@@ -69,6 +73,9 @@ pub struct PipelineSpec {
     /// rolled back.
     #[serde(default)]
     pub swap: crate::task::SwapPolicy,
+    /// `wasi = { clocks = true, random = true }`: what of WASI the guests get beyond nothing.
+    #[serde(default)]
+    pub wasi: crate::runtime::host::WasiGrants,
 }
 
 /// Limits of a pipeline's instances. A guest over a limit traps; the record goes to the DLQ.

@@ -96,8 +96,15 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
                 ("name", "query", true, "Module name.", "string"),
                 ("version", "query", true, "Version label.", "string"),
             ],
-            request: Some(("application/wasm", json!({"type": "string", "format": "binary"}))),
-            ok: (201, "application/json", Some(s(|g| g.subschema_for::<ModuleRecord>()))),
+            request: Some((
+                "application/wasm",
+                json!({"type": "string", "format": "binary"}),
+            )),
+            ok: (
+                201,
+                "application/json",
+                Some(s(|g| g.subschema_for::<ModuleRecord>())),
+            ),
             errors: &[400, 401, 409, 413, 422],
         },
         Op {
@@ -106,7 +113,11 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
             summary: "Every module version with its size, WIT version and upload time.",
             params: &[],
             request: None,
-            ok: (200, "application/json", Some(arr(s(|g| g.subschema_for::<ModuleRecord>())))),
+            ok: (
+                200,
+                "application/json",
+                Some(arr(s(|g| g.subschema_for::<ModuleRecord>()))),
+            ),
             errors: &[],
         },
         Op {
@@ -115,7 +126,11 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
             summary: "Creates a pipeline and starts its partitions.",
             params: &[],
             request: Some(("application/json", s(|g| g.subschema_for::<PipelineSpec>()))),
-            ok: (201, "application/json", Some(s(|g| g.subschema_for::<PipelineInfo>()))),
+            ok: (
+                201,
+                "application/json",
+                Some(s(|g| g.subschema_for::<PipelineInfo>())),
+            ),
             errors: &[400, 401, 409, 413],
         },
         Op {
@@ -124,7 +139,11 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
             summary: "Every pipeline.",
             params: &[],
             request: None,
-            ok: (200, "application/json", Some(arr(s(|g| g.subschema_for::<PipelineInfo>())))),
+            ok: (
+                200,
+                "application/json",
+                Some(arr(s(|g| g.subschema_for::<PipelineInfo>()))),
+            ),
             errors: &[],
         },
         Op {
@@ -133,7 +152,11 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
             summary: "One pipeline, with its swap history.",
             params: &[P_PIPELINE],
             request: None,
-            ok: (200, "application/json", Some(s(|g| g.subschema_for::<PipelineInfo>()))),
+            ok: (
+                200,
+                "application/json",
+                Some(s(|g| g.subschema_for::<PipelineInfo>())),
+            ),
             errors: &[404],
         },
         Op {
@@ -142,7 +165,11 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
             summary: "Hot swap (or rollback) to another version at every partition's next batch boundary.",
             params: &[P_PIPELINE],
             request: Some(("application/json", s(|g| g.subschema_for::<SwapBody>()))),
-            ok: (200, "application/json", Some(s(|g| g.subschema_for::<SwapResult>()))),
+            ok: (
+                200,
+                "application/json",
+                Some(s(|g| g.subschema_for::<SwapResult>())),
+            ),
             errors: &[400, 401, 404, 409],
         },
         Op {
@@ -151,11 +178,27 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
             summary: "Recent guest logs, errors, traps and swaps, with the record that caused each.",
             params: &[
                 P_PIPELINE,
-                ("after", "query", false, "Only events with a larger seq.", "integer"),
-                ("limit", "query", false, "At most this many (1 to 1000, default 100).", "integer"),
+                (
+                    "after",
+                    "query",
+                    false,
+                    "Only events with a larger seq.",
+                    "integer",
+                ),
+                (
+                    "limit",
+                    "query",
+                    false,
+                    "At most this many (1 to 1000, default 100).",
+                    "integer",
+                ),
             ],
             request: None,
-            ok: (200, "application/json", Some(arr(s(|g| g.subschema_for::<Event>())))),
+            ok: (
+                200,
+                "application/json",
+                Some(arr(s(|g| g.subschema_for::<Event>()))),
+            ),
             errors: &[400, 404],
         },
         Op {
@@ -165,12 +208,34 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
             params: &[
                 P_PIPELINE,
                 ("store", "path", true, "Store name.", "string"),
-                ("prefix", "query", false, "Only keys starting with this.", "string"),
-                ("limit", "query", false, "Page size, 1 to 1000 (default 100).", "integer"),
-                ("cursor", "query", false, "next_cursor of the previous page.", "string"),
+                (
+                    "prefix",
+                    "query",
+                    false,
+                    "Only keys starting with this.",
+                    "string",
+                ),
+                (
+                    "limit",
+                    "query",
+                    false,
+                    "Page size, 1 to 1000 (default 100).",
+                    "integer",
+                ),
+                (
+                    "cursor",
+                    "query",
+                    false,
+                    "next_cursor of the previous page.",
+                    "string",
+                ),
             ],
             request: None,
-            ok: (200, "application/json", Some(s(|g| g.subschema_for::<ScanPage>()))),
+            ok: (
+                200,
+                "application/json",
+                Some(s(|g| g.subschema_for::<ScanPage>())),
+            ),
             errors: &[400, 404, 503],
         },
         Op {
@@ -183,7 +248,11 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
                 ("key", "path", true, "The key (UTF-8).", "string"),
             ],
             request: None,
-            ok: (200, "application/json", Some(s(|g| g.subschema_for::<Lookup>()))),
+            ok: (
+                200,
+                "application/json",
+                Some(s(|g| g.subschema_for::<Lookup>())),
+            ),
             errors: &[404, 503],
         },
         Op {
@@ -192,7 +261,11 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
             summary: "The partition table: slots, owner, state, offsets, lag, restore, swaps.",
             params: &[],
             request: None,
-            ok: (200, "application/json", Some(arr(s(|g| g.subschema_for::<PartitionInfo>())))),
+            ok: (
+                200,
+                "application/json",
+                Some(arr(s(|g| g.subschema_for::<PartitionInfo>()))),
+            ),
             errors: &[],
         },
         Op {
@@ -201,7 +274,11 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
             summary: "Topics and their partition counts.",
             params: &[],
             request: None,
-            ok: (200, "application/json", Some(arr(s(|g| g.subschema_for::<TopicInfo>())))),
+            ok: (
+                200,
+                "application/json",
+                Some(arr(s(|g| g.subschema_for::<TopicInfo>()))),
+            ),
             errors: &[],
         },
         Op {
@@ -209,8 +286,15 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
             path: "/api/v1/topics/{topic}/records",
             summary: "Produces records; returns where each landed once it is durable.",
             params: &[("topic", "path", true, "Topic.", "string")],
-            request: Some(("application/json", arr(s(|g| g.subschema_for::<NewRecord>())))),
-            ok: (200, "application/json", Some(arr(s(|g| g.subschema_for::<Produced>())))),
+            request: Some((
+                "application/json",
+                arr(s(|g| g.subschema_for::<NewRecord>())),
+            )),
+            ok: (
+                200,
+                "application/json",
+                Some(arr(s(|g| g.subschema_for::<Produced>()))),
+            ),
             errors: &[400, 401, 404, 413],
         },
         Op {
@@ -220,11 +304,27 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
             params: &[
                 ("topic", "path", true, "Topic.", "string"),
                 ("slot", "query", true, "Slot (partition).", "integer"),
-                ("offset", "query", false, "First offset (default 0).", "integer"),
-                ("limit", "query", false, "At most this many (1 to 10000, default 100).", "integer"),
+                (
+                    "offset",
+                    "query",
+                    false,
+                    "First offset (default 0).",
+                    "integer",
+                ),
+                (
+                    "limit",
+                    "query",
+                    false,
+                    "At most this many (1 to 10000, default 100).",
+                    "integer",
+                ),
             ],
             request: None,
-            ok: (200, "application/json", Some(s(|g| g.subschema_for::<ReadOut>()))),
+            ok: (
+                200,
+                "application/json",
+                Some(s(|g| g.subschema_for::<ReadOut>())),
+            ),
             errors: &[400, 404],
         },
     ]
@@ -245,7 +345,9 @@ pub fn document() -> Value {
             format!(
                 "{}{}",
                 op.method,
-                op.path.replace(['/', '{', '}', '.'], "_").trim_end_matches('_')
+                op.path
+                    .replace(['/', '{', '}', '.'], "_")
+                    .trim_end_matches('_')
             )
             .into(),
         );
@@ -319,4 +421,3 @@ pub fn document() -> Value {
 pub(super) async fn serve() -> Json<Value> {
     Json(document())
 }
-

@@ -312,6 +312,7 @@ impl PartitionTask {
             self.db.clone(),
             self.outputs.clone(),
             self.pipeline.spec.limits.memory_bytes as usize,
+            self.pipeline.spec.wasi.clone(),
         )
     }
 
