@@ -268,3 +268,87 @@ async fn bad_requests_get_a_4xx_naming_the_problem() -> anyhow::Result<()> {
     assert_eq!(rec["headers"][0]["value"], "v");
     host.stop().await
 }
+
+/// Bodies over the limits get 413 with a message; garbage bodies and bad specs get 400; the
+/// newer endpoints name the problem too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversize_and_garbage_bodies_are_refused() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let host = InProcess::start(dir.path()).await?;
+    // The server answers 413 before reading the whole body and drops the connection: each
+    // oversize request gets a client of its own.
+    let fresh = || baton_tests::Api::new(host.api.base());
+    // A module over 64 MiB.
+    let mut big = b"\0asm".to_vec();
+    big.resize((64 << 20) + 1, 0);
+    let r = fresh()
+        .post_bytes(
+            "/api/v1/modules?name=big&version=1",
+            big,
+            "application/wasm",
+        )
+        .await?;
+    assert_eq!(r.status, 413, "{:?}", r.body);
+    assert!(!r.error().is_empty());
+    // A produce body over 16 MiB.
+    let value = "x".repeat(1 << 20);
+    let recs: Vec<_> = (0..17)
+        .map(|i| json!({"key": format!("k{i}"), "value": value}))
+        .collect();
+    let r = fresh()
+        .post_json("/api/v1/topics/words/records", &json!(recs))
+        .await?;
+    assert_eq!(r.status, 413, "{:?}", r.body);
+    // A swap body over the default JSON limit, and garbage.
+    let api = &fresh();
+    api.upload_plugin("word-count", "word-count", "1").await?;
+    api.create_pipeline(json!({"name": "wc", "module": "word-count", "version": "1",
+                               "inputs": ["words"], "stores": ["counts"]}))
+        .await?;
+    let r = fresh()
+        .put_json(
+            "/api/v1/pipelines/wc/module",
+            &json!({"version": "x".repeat(3 << 20)}),
+        )
+        .await?;
+    assert_eq!(r.status, 413, "{:?}", r.body);
+    let api = &fresh();
+    let r = api
+        .post_bytes(
+            "/api/v1/pipelines",
+            b"{not json".to_vec(),
+            "application/json",
+        )
+        .await?;
+    assert_eq!(r.status, 400, "{:?}", r.body);
+    assert!(!r.error().is_empty());
+    let r = api
+        .send_with_token(
+            reqwest::Method::PUT,
+            "/api/v1/pipelines/wc/module",
+            Some(&json!(["version", "2"])),
+            None,
+        )
+        .await?;
+    assert!(r.status == 400 || r.status == 422, "{:?}", r.body);
+    assert!(!r.error().is_empty());
+    for (spec, says) in [
+        (json!({"limits": {"cpu_ms": 1}}), "cpu_ms"),
+        (json!({"limits": {"memory_bytes": 10}}), "memory_bytes"),
+        (
+            json!({"swap": {"max_failure_share": 2.0}}),
+            "max_failure_share",
+        ),
+        (json!({"wasi": {"network": true}}), "network"),
+    ] {
+        let mut full = json!({"name": "p2", "module": "word-count", "version": "1",
+                              "inputs": ["other"], "stores": ["counts"]});
+        for (k, v) in spec.as_object().expect("object") {
+            full[k] = v.clone();
+        }
+        let r = api.post_json("/api/v1/pipelines", &full).await?;
+        assert!(r.status == 400 || r.status == 422, "{spec}: {:?}", r.body);
+        assert!(r.error().contains(says), "{spec}: {}", r.error());
+    }
+    host.stop().await
+}
