@@ -456,6 +456,19 @@ fn main() -> Result<()> {
     baton
         .upload_module("uppercase", "1", &baton_tests::plugin_bytes("uppercase"))
         .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if only.is_empty() {
+        // Not measured: warms the broker's transaction paths (its JIT) so that the first
+        // measured run does not pay for it.
+        eprintln!("warm-up…");
+        word_count(
+            &baton,
+            "wc-warm-up",
+            "word-count-native",
+            "exactly-once",
+            &topic,
+            n,
+        )?;
+    }
     for (guarantee, short) in [("exactly-once", "eos"), ("at-least-once", "alo")] {
         for (module, kind) in [("word-count", "wasm"), ("word-count-native", "native")] {
             if !only.is_empty() && only != format!("{kind}-{short}") {
@@ -472,6 +485,21 @@ fn main() -> Result<()> {
         }
     }
 
+    // Kafka Streams on the same topic and broker (bench/run resolves and compiles it).
+    let mut streams = Vec::new();
+    if only.is_empty() {
+        match std::env::var("BATON_KSTREAMS_CP") {
+            Ok(cp) => {
+                for guarantee in ["exactly-once", "at-least-once"] {
+                    eprintln!("Kafka Streams word-count {guarantee}…");
+                    streams.push((guarantee, kafka_streams(&cp, &topic, guarantee)?));
+                }
+            }
+            Err(_) => {
+                eprintln!("BATON_KSTREAMS_CP is not set: Kafka Streams skipped (bench/run sets it)")
+            }
+        }
+    }
     if !only.is_empty() {
         // One run alone (e.g. BATON_BENCH_ONLY=wasm-eos, to profile it).
         for r in &runs {
@@ -555,6 +583,22 @@ fn main() -> Result<()> {
             r.process_ns / native.process_ns
         );
     }
+    if !streams.is_empty() {
+        println!(
+            "\n| groupByKey().count(), {PARTITIONS} stream threads | Kafka Streams records/s | baton (Wasm) records/s | baton / Kafka Streams |\n|---|---:|---:|---:|"
+        );
+        for (guarantee, rate) in &streams {
+            let baton = runs
+                .iter()
+                .find(|r| r.label == format!("wasm {guarantee}"))
+                .map(|r| r.rate)
+                .unwrap_or(0.0);
+            println!(
+                "| {guarantee} | {rate:.0} | {baton:.0} | {:.2} |",
+                baton / rate
+            );
+        }
+    }
     println!(
         "\n| restore (word-count changelog, data dir deleted) | value |\n|---|---:|\n\
          | changelog records replayed | {restored} |\n| time to running | {restore_secs:.2} s |\n\
@@ -569,4 +613,34 @@ fn main() -> Result<()> {
         println!("| {g} | {p50:.1} | {p99:.1} | {max:.1} |");
     }
     Ok(())
+}
+
+/// Runs bench/kstreams/WordCount.java (Kafka Streams, `groupByKey().count()`) over `topic` with
+/// one stream thread per baton partition; returns its records/s.
+fn kafka_streams(classpath: &str, topic: &str, guarantee: &str) -> Result<f64> {
+    let app = baton_tests::unique("bench-kstreams");
+    let out = std::process::Command::new("java")
+        .args(["-Xmx1g", "-cp", classpath, "WordCount"])
+        .args([
+            &bootstrap(),
+            topic,
+            &app,
+            guarantee,
+            &PARTITIONS.to_string(),
+        ])
+        .output()
+        .context("running java (Kafka Streams)")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "Kafka Streams failed: {}{}",
+            stdout,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    stdout
+        .split_whitespace()
+        .next()
+        .and_then(|r| r.parse().ok())
+        .with_context(|| format!("Kafka Streams printed {stdout:?}"))
 }
