@@ -90,10 +90,11 @@ impl ModuleTarget {
     /// (an automatic rollback must not undo a newer swap). Returns the version gone back to.
     pub fn roll_back(&self, generation: u64) -> Option<Target> {
         let mut cur = self.current.lock();
-        let previous = self.previous.lock().take()?;
         if cur.generation != generation {
+            // Something newer was asked for: keep what it would roll back to.
             return None;
         }
+        let previous = self.previous.lock().take()?;
         cur.generation += 1;
         cur.version = previous.version.clone();
         cur.module = previous.module.clone();
