@@ -98,14 +98,8 @@ impl Api {
 
     /// POST JSON.
     pub async fn post_json(&self, path: &str, body: &Value) -> Result<Reply> {
-        Self::reply(
-            self.http
-                .post(format!("{}{path}", self.base))
-                .json(body)
-                .send()
-                .await?,
-        )
-        .await
+        self.send_with_token(reqwest::Method::POST, path, Some(body), None)
+            .await
     }
 
     /// A request with a bearer token (`None`: without).
@@ -134,14 +128,8 @@ impl Api {
 
     /// PUT JSON.
     pub async fn put_json(&self, path: &str, body: &Value) -> Result<Reply> {
-        Self::reply(
-            self.http
-                .put(format!("{}{path}", self.base))
-                .json(body)
-                .send()
-                .await?,
-        )
-        .await
+        self.send_with_token(reqwest::Method::PUT, path, Some(body), None)
+            .await
     }
 
     /// POST raw bytes.

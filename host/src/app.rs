@@ -1062,17 +1062,7 @@ impl Baton {
     /// Looks up `key` in `store` of `pipeline`: `Ok(None)` when the key is missing.
     pub fn lookup(&self, pipeline: &str, store: &str, key: &[u8]) -> Result<Option<Lookup>> {
         let record = self.pipeline(pipeline)?;
-        let store_id = record
-            .spec
-            .stores
-            .iter()
-            .position(|s| s == store)
-            .ok_or_else(|| {
-                Error::NotFound(format!(
-                    "pipeline `{pipeline}` has no store `{store}`; its stores: [{}]",
-                    record.spec.stores.join(", ")
-                ))
-            })?;
+        let store_id = store_id(&record, store)?;
         let slot = partition_for_key(key, record.spec.slots);
         let handle = self.local_owner(pipeline, slot)?;
         let Some(value) = handle.db.get(store_id, &slot_key(slot, key))? else {
@@ -1125,17 +1115,7 @@ impl Baton {
         cursor: Option<&str>,
     ) -> Result<ScanPage> {
         let record = self.pipeline(pipeline)?;
-        let store_id = record
-            .spec
-            .stores
-            .iter()
-            .position(|s| s == store)
-            .ok_or_else(|| {
-                Error::NotFound(format!(
-                    "pipeline `{pipeline}` has no store `{store}`; its stores: [{}]",
-                    record.spec.stores.join(", ")
-                ))
-            })?;
+        let store_id = store_id(&record, store)?;
         let bad_cursor = || {
             Error::BadRequest(
                 "invalid cursor: pass the `next_cursor` of the previous page unchanged".into(),
@@ -1248,4 +1228,20 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
         }
     }
     None
+}
+
+/// The index of `store` among the pipeline's stores, or a 404 naming the ones it has.
+fn store_id(record: &PipelineRecord, store: &str) -> Result<usize> {
+    record
+        .spec
+        .stores
+        .iter()
+        .position(|s| s == store)
+        .ok_or_else(|| {
+            Error::NotFound(format!(
+                "pipeline `{}` has no store `{store}`; its stores: [{}]",
+                record.spec.name,
+                record.spec.stores.join(", ")
+            ))
+        })
 }

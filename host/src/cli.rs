@@ -62,15 +62,18 @@ pub enum Pipelines {
     },
 }
 
-/// A client command.
+/// The client subcommands.
+#[derive(Subcommand)]
 pub enum Call {
-    /// Modules.
+    /// Uploads and lists modules.
+    #[command(subcommand)]
     Modules(Modules),
-    /// Pipelines.
+    /// Creates, lists and hot-swaps pipelines.
+    #[command(subcommand)]
     Pipelines(Pipelines),
-    /// The partition table.
+    /// Shows the partition table.
     Partitions,
-    /// One key of a store.
+    /// Looks up one key of a pipeline's store.
     Get {
         /// Pipeline.
         pipeline: String,
@@ -79,7 +82,7 @@ pub enum Call {
         /// Key (UTF-8).
         key: String,
     },
-    /// Produces lines of stdin (`key<TAB>value`, or just `key`) to a topic.
+    /// Produces stdin's lines (`key<TAB>value`, or `key`) to a topic.
     Produce {
         /// Topic.
         topic: String,

@@ -30,28 +30,9 @@ struct Cli {
 enum Command {
     /// Runs a host: the API and dashboard, and every pipeline's partitions.
     Run(RunArgs),
-    /// Uploads and lists modules.
-    #[command(subcommand)]
-    Modules(cli::Modules),
-    /// Creates, lists and hot-swaps pipelines.
-    #[command(subcommand)]
-    Pipelines(cli::Pipelines),
-    /// Shows the partition table.
-    Partitions,
-    /// Looks up one key of a pipeline's store.
-    Get {
-        /// Pipeline.
-        pipeline: String,
-        /// Store.
-        store: String,
-        /// Key (UTF-8).
-        key: String,
-    },
-    /// Produces stdin's lines (`key<TAB>value`, or `key`) to a topic.
-    Produce {
-        /// Topic.
-        topic: String,
-    },
+    /// Client commands: calls to a host's HTTP API.
+    #[command(flatten)]
+    Client(cli::Call),
 }
 
 #[derive(clap::Args)]
@@ -97,19 +78,7 @@ fn main() -> anyhow::Result<()> {
     let call = match cli.command {
         // `--token` (or BATON_TOKEN) is what the host requires of mutating calls.
         Command::Run(args) => return run(args, cli.conn.token),
-        Command::Modules(m) => cli::Call::Modules(m),
-        Command::Pipelines(p) => cli::Call::Pipelines(p),
-        Command::Partitions => cli::Call::Partitions,
-        Command::Get {
-            pipeline,
-            store,
-            key,
-        } => cli::Call::Get {
-            pipeline,
-            store,
-            key,
-        },
-        Command::Produce { topic } => cli::Call::Produce { topic },
+        Command::Client(call) => call,
     };
     cli::run(cli.conn, call)
 }

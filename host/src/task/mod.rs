@@ -480,7 +480,7 @@ impl PartitionTask {
                 groups.push((slot, msgs));
             }
             let failed_before = self.status.dead_letters.load(Ordering::Relaxed);
-            inst = self.process_batch(inst, &run.current.module.clone(), &groups, &dlq)?;
+            inst = self.process_batch(inst, &run.current.module, &groups, &dlq)?;
             if run.probation > 0 {
                 run.probation -= 1;
                 let failed = self.status.dead_letters.load(Ordering::Relaxed) - failed_before;
@@ -510,7 +510,7 @@ impl PartitionTask {
                         ),
                         rollback_started,
                     );
-                    inst = self.process_batch(inst, &run.current.module.clone(), &groups, &dlq)?;
+                    inst = self.process_batch(inst, &run.current.module, &groups, &dlq)?;
                 }
             }
             let commit_started = add_elapsed(&time.process_us, started);

@@ -706,20 +706,20 @@ impl InputConsumer {
 
     /// The high watermark of a topic partition.
     pub fn high_watermark(&self, topic: &str, partition: u32) -> Result<u64, TransportError> {
-        let (_, hi) = self
-            .consumer
-            .fetch_watermarks(topic, partition as i32, Duration::from_secs(10))
-            .map_err(|e| kerr(&format!("watermarks of {topic}/{partition}"), e))?;
-        Ok(hi.max(0) as u64)
+        Ok(self.watermarks(topic, partition)?.1)
     }
 
     /// The low watermark of a topic partition.
     pub fn low_watermark(&self, topic: &str, partition: u32) -> Result<u64, TransportError> {
-        let (lo, _) = self
+        Ok(self.watermarks(topic, partition)?.0)
+    }
+
+    fn watermarks(&self, topic: &str, partition: u32) -> Result<(u64, u64), TransportError> {
+        let (lo, hi) = self
             .consumer
             .fetch_watermarks(topic, partition as i32, Duration::from_secs(10))
             .map_err(|e| kerr(&format!("watermarks of {topic}/{partition}"), e))?;
-        Ok(lo.max(0) as u64)
+        Ok((lo.max(0) as u64, hi.max(0) as u64))
     }
 }
 
@@ -737,7 +737,9 @@ fn offsets_tpl(offsets: &[(String, u32, u64)]) -> Result<TopicPartitionList, Tra
 #[derive(Default)]
 struct OffsetContext {
     state: Mutex<Delivered>,
-    /// Signalled when the last record in flight is delivered (or fails).
+    /// Records sent and not yet reported: an atomic, so that sending takes no lock.
+    pending: AtomicUsize,
+    /// Signalled (under `state`) when the last record in flight is delivered or fails.
     idle: parking_lot::Condvar,
 }
 
@@ -748,8 +750,6 @@ struct Delivered {
     offsets: HashMap<(String, u32), u64>,
     /// The first delivery error.
     error: Option<String>,
-    /// Records sent and not yet reported.
-    pending: usize,
 }
 
 impl ClientContext for OffsetContext {}
@@ -759,8 +759,8 @@ impl ProducerContext for OffsetContext {
 
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
         let mut st = self.state.lock();
-        st.pending = st.pending.saturating_sub(1);
-        if st.pending == 0 {
+        // Decremented and notified under the lock a flush waits with: no lost wake-up.
+        if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.idle.notify_all();
         }
         match result {
@@ -818,7 +818,7 @@ impl BatchProducer {
     #[allow(clippy::result_large_err)] // rdkafka's own error type: the record comes back in it
     pub fn send(&self, topic: &str, partition: u32, r: &Record) -> Result<(), TransportError> {
         let ctx = self.producer.context();
-        ctx.state.lock().pending += 1;
+        ctx.pending.fetch_add(1, Ordering::AcqRel);
         let sent = send_record_with(
             |rec| self.producer.send(rec),
             || std::thread::sleep(Duration::from_millis(1)),
@@ -828,8 +828,7 @@ impl BatchProducer {
             (),
         );
         if sent.is_err() {
-            let mut st = ctx.state.lock();
-            st.pending = st.pending.saturating_sub(1);
+            ctx.pending.fetch_sub(1, Ordering::AcqRel);
         }
         sent
     }
@@ -840,13 +839,13 @@ impl BatchProducer {
         let ctx = self.producer.context();
         let deadline = Instant::now() + TXN_TIMEOUT;
         let mut st = ctx.state.lock();
-        while st.pending > 0 {
+        while ctx.pending.load(Ordering::Acquire) > 0 {
             if ctx.idle.wait_until(&mut st, deadline).timed_out() {
                 return Err(kerr(
                     "flush",
                     format!(
                         "{} records not acknowledged within {TXN_TIMEOUT:?}",
-                        st.pending
+                        ctx.pending.load(Ordering::Acquire)
                     ),
                 ));
             }
