@@ -38,9 +38,12 @@ impl From<crate::transport::TransportError> for Error {
         use crate::transport::TransportError as T;
         match e {
             T::UnknownTopic(_) | T::NoSuchPartition { .. } => Error::NotFound(e.to_string()),
-            T::PartitionCountMismatch { .. } => Error::Conflict(e.to_string()),
+            T::PartitionCountMismatch { .. } | T::Misconfigured(_) => {
+                Error::Conflict(e.to_string())
+            }
             T::InvalidTopicName(_) => Error::BadRequest(e.to_string()),
             T::Kafka(_) => Error::Unavailable(e.to_string()),
+            T::Refused(_) => Error::BadRequest(e.to_string()),
             T::Io(_) | T::Corrupt(_) => Error::Internal(e.to_string()),
         }
     }

@@ -97,6 +97,49 @@ impl rand_core::TryRng for FixedSequence {
     }
 }
 
+/// An output topic a pipeline's guests may send to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputTopic {
+    /// Its partition count.
+    pub partitions: u32,
+    /// Most bytes of key, value and headers one record may have (the topic's
+    /// `max.message.bytes` less 1 KiB of framing on Kafka); `None` for no limit.
+    pub max_record_bytes: Option<usize>,
+}
+
+/// Where a pipeline's guests may write, and how much: checked by the host before Kafka sees a
+/// record, so that no record the broker would refuse enters a batch.
+#[derive(Debug, Clone)]
+pub struct WriteLimits {
+    /// Declared output topics and the dead-letter topic.
+    pub outputs: HashMap<String, OutputTopic>,
+    /// Most bytes of a state key (`limits.max_key_bytes`).
+    pub max_key_bytes: usize,
+    /// Most bytes of a state value (`limits.max_value_bytes`).
+    pub max_value_bytes: usize,
+    /// Per store: most bytes of key and value its changelog takes in one record (`None`: no
+    /// changelog limit).
+    pub changelog_record_bytes: Vec<Option<usize>>,
+}
+
+impl Default for WriteLimits {
+    /// No outputs and no size limits.
+    fn default() -> Self {
+        WriteLimits {
+            outputs: HashMap::new(),
+            max_key_bytes: usize::MAX,
+            max_value_bytes: usize::MAX,
+            changelog_record_bytes: Vec::new(),
+        }
+    }
+}
+
+/// The error a guest gets for a key, value or record over a limit (the contract 0.1 has no case
+/// of its own for it, so it is `other`, starting with `too-large:`).
+fn too_large(what: String) -> Error {
+    Error::Other(format!("too-large: {what}"))
+}
+
 /// The guest's handle on a store: the store id within the partition database.
 #[derive(Debug, Clone, Copy)]
 pub struct StoreHandle {
@@ -147,8 +190,8 @@ pub struct HostCtx {
     limits: StoreLimits,
     pipeline: Arc<str>,
     db: Arc<PartitionDb>,
-    /// Declared output topics and their partition counts.
-    outputs_allowed: Arc<HashMap<String, u32>>,
+    /// Declared output topics and the size limits of writes.
+    limits_w: Arc<WriteLimits>,
     /// Writes of the current batch.
     pub overlay: Overlay,
     /// Outputs of the current batch; those past `call_start` belong to the current call.
@@ -159,6 +202,9 @@ pub struct HostCtx {
     /// Guest log lines since they were last taken.
     pub logs: Vec<GuestLog>,
     grants: WasiGrants,
+    /// Set when a host call failed through no fault of the guest (state I/O): the call traps,
+    /// and the partition ends its session and retries instead of dead-lettering the record.
+    pub host_fault: Option<String>,
 }
 
 impl HostCtx {
@@ -166,7 +212,7 @@ impl HostCtx {
     pub fn new(
         pipeline: Arc<str>,
         db: Arc<PartitionDb>,
-        outputs_allowed: Arc<HashMap<String, u32>>,
+        write_limits: Arc<WriteLimits>,
         memory_limit: usize,
         grants: WasiGrants,
     ) -> Self {
@@ -181,13 +227,14 @@ impl HostCtx {
                 .build(),
             pipeline,
             db,
-            outputs_allowed,
+            limits_w: write_limits,
             overlay: Overlay::default(),
             outputs: Vec::new(),
             call_start: 0,
             cursor: Cursor::default(),
             logs: Vec::new(),
             grants,
+            host_fault: None,
         }
     }
 
@@ -226,18 +273,68 @@ impl HostCtx {
         (self.wasi, self.stderr) = new_wasi(&self.grants);
     }
 
+    /// Checks a state key against `limits.max_key_bytes`.
+    fn check_key(&self, key: &[u8]) -> Result<(), Error> {
+        let max = self.limits_w.max_key_bytes;
+        if key.len() > max {
+            return Err(too_large(format!(
+                "state key of {} bytes exceeds limits.max_key_bytes ({max})",
+                key.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks a state write against the key and value limits and its changelog's record limit.
+    fn check_write(&self, store: usize, key: &[u8], value: &[u8]) -> Result<(), Error> {
+        self.check_key(key)?;
+        let max = self.limits_w.max_value_bytes;
+        if value.len() > max {
+            return Err(too_large(format!(
+                "state value of {} bytes exceeds limits.max_value_bytes ({max})",
+                value.len()
+            )));
+        }
+        if let Some(Some(max)) = self.limits_w.changelog_record_bytes.get(store)
+            && key.len() + value.len() > *max
+        {
+            return Err(too_large(format!(
+                "state entry of {} bytes exceeds what its changelog topic takes ({max} bytes: \
+                 its max.message.bytes less 1 KiB)",
+                key.len() + value.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The size limits of writes.
+    pub fn write_limits(&self) -> &WriteLimits {
+        &self.limits_w
+    }
+
     /// The last bytes the guest wrote to stderr, on one line.
     pub fn stderr_tail(&self) -> String {
         self.stderr.text()
     }
 
-    fn read(&self, store: usize, key: &[u8]) -> wasmtime::Result<Option<Vec<u8>>> {
+    fn read(&mut self, store: usize, key: &[u8]) -> wasmtime::Result<Option<Vec<u8>>> {
         let k = slot_key(self.cursor.slot, key);
         if let Some(v) = self.overlay.get(store, &k) {
             return Ok(v.map(<[u8]>::to_vec));
         }
-        // A RocksDB failure is a host fault: trap, so the batch is retried, not dead-lettered.
-        Ok(self.db.get(store, &k)?)
+        let r = self.db.get(store, &k);
+        self.host_result(r)
+    }
+
+    /// A state failure is the host's fault, not the guest's: it is recorded in
+    /// [`HostCtx::host_fault`] and traps the call, so that the session ends and retries the
+    /// batch instead of dead-lettering the record.
+    fn host_result<T>(&mut self, r: crate::state::Result<T>) -> wasmtime::Result<T> {
+        r.map_err(|e| {
+            let msg = e.to_string();
+            self.host_fault.get_or_insert_with(|| msg.clone());
+            wasmtime::Error::msg(format!("host fault: {msg}"))
+        })
     }
 }
 
@@ -295,6 +392,9 @@ impl state::HostStore for HostCtx {
         value: Vec<u8>,
     ) -> wasmtime::Result<Result<(), Error>> {
         let store = self.table.get(&h)?.store;
+        if let Err(e) = self.check_write(store, &key, &value) {
+            return Ok(Err(e));
+        }
         self.overlay
             .put(store, slot_key(self.cursor.slot, &key), Some(value));
         Ok(Ok(()))
@@ -306,6 +406,9 @@ impl state::HostStore for HostCtx {
         key: Vec<u8>,
     ) -> wasmtime::Result<Result<(), Error>> {
         let store = self.table.get(&h)?.store;
+        if let Err(e) = self.check_key(&key) {
+            return Ok(Err(e));
+        }
         self.overlay
             .put(store, slot_key(self.cursor.slot, &key), None);
         Ok(Ok(()))
@@ -318,10 +421,16 @@ impl state::HostStore for HostCtx {
         delta: i64,
     ) -> wasmtime::Result<Result<i64, Error>> {
         let store = self.table.get(&h)?.store;
+        if let Err(e) = self.check_write(store, &key, &[0; 8]) {
+            return Ok(Err(e));
+        }
         let k = slot_key(self.cursor.slot, &key);
         let current = match self.overlay.get(store, &k) {
             Some(v) => decode_counter(v),
-            None => self.db.get_with(store, &k, decode_counter)?,
+            None => {
+                let r = self.db.get_with(store, &k, decode_counter);
+                self.host_result(r)?
+            }
         };
         let current = match current {
             Ok(c) => c,
@@ -358,7 +467,8 @@ impl state::HostStore for HostCtx {
         let limit = limit as usize;
         let pending = self.overlay.range(store, &lo, &hi);
         // Committed rows may be shadowed by pending deletes: read enough to fill `limit`.
-        let committed = self.db.scan(store, &lo, &hi, limit + pending.len())?;
+        let r = self.db.scan(store, &lo, &hi, limit + pending.len());
+        let committed = self.host_result(r)?;
         let mut merged = std::collections::BTreeMap::new();
         for (k, v) in committed {
             merged.insert(k, Some(v));
@@ -400,8 +510,8 @@ impl output::Host for HostCtx {
         value: Option<Vec<u8>>,
         headers: Vec<types::Header>,
     ) -> wasmtime::Result<Result<(), Error>> {
-        let Some(&partitions) = self.outputs_allowed.get(&topic) else {
-            let mut declared: Vec<_> = self.outputs_allowed.keys().cloned().collect();
+        let Some(&out) = self.limits_w.outputs.get(&topic) else {
+            let mut declared: Vec<_> = self.limits_w.outputs.keys().cloned().collect();
             declared.sort();
             return Ok(Err(Error::NoSuchTopic(format!(
                 "topic `{topic}` is not an output of pipeline `{}`; declared: [{}]",
@@ -409,6 +519,21 @@ impl output::Host for HostCtx {
                 declared.join(", ")
             ))));
         };
+        if let Some(max) = out.max_record_bytes {
+            let size = key.as_ref().map_or(0, Vec::len)
+                + value.as_ref().map_or(0, Vec::len)
+                + headers
+                    .iter()
+                    .map(|h| h.key.len() + h.value.len())
+                    .sum::<usize>();
+            if size > max {
+                return Ok(Err(too_large(format!(
+                    "output of {size} bytes exceeds what topic `{topic}` takes ({max} bytes: \
+                     its max.message.bytes less 1 KiB)"
+                ))));
+            }
+        }
+        let partitions = out.partitions;
         let partition = match &key {
             Some(k) => crate::transport::partitioner::partition_for_key(k, partitions),
             None => self.cursor.slot % partitions,

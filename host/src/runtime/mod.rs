@@ -16,7 +16,7 @@ use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, Store};
 
 use bindings::{Processor, ProcessorPre, baton::processor::types};
-pub use host::{Cursor, GuestLog, HostCtx, Output};
+pub use host::{Cursor, GuestLog, HostCtx, Output, OutputTopic, WriteLimits};
 pub use native::{NativeFactory, NativeModule, NativeProcessor, NativeStore};
 
 /// The WIT package this host speaks.

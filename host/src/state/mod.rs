@@ -36,9 +36,54 @@ pub enum StateError {
     /// A stored value does not have the expected shape.
     #[error("corrupt state: {0}")]
     Corrupt(String),
+    /// A failure armed by [`Faults`] (tests only).
+    #[error("injected state fault: {0}")]
+    Injected(&'static str),
 }
 
-type Result<T> = std::result::Result<T, StateError>;
+/// Fault injection at the state layer, for tests of the host's failure handling: each counter
+/// arms that many faults on the next reads of the partition. Never armed in production.
+#[derive(Default)]
+pub struct Faults {
+    read_errors: std::sync::atomic::AtomicU32,
+    read_panics: std::sync::atomic::AtomicU32,
+}
+
+impl Faults {
+    /// The next `n` reads fail with an I/O-like error.
+    pub fn fail_reads(&self, n: u32) {
+        self.read_errors
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The next `n` reads panic.
+    pub fn panic_reads(&self, n: u32) {
+        self.read_panics
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn take(counter: &std::sync::atomic::AtomicU32) -> bool {
+        use std::sync::atomic::Ordering;
+        counter.load(Ordering::Relaxed) > 0
+            && counter
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+    }
+
+    /// Called by every read: fails or panics when armed.
+    fn on_read(&self) -> Result<()> {
+        if Self::take(&self.read_panics) {
+            panic!("injected panic in a state read");
+        }
+        if Self::take(&self.read_errors) {
+            return Err(StateError::Injected("state read failed"));
+        }
+        Ok(())
+    }
+}
+
+/// A result of the state layer.
+pub type Result<T> = std::result::Result<T, StateError>;
 
 /// What all partitions of one host share: the block cache and the write-buffer manager.
 pub struct StateEnv {
@@ -163,6 +208,7 @@ impl StateEnv {
         let db = DB::open_cf_descriptors(&self.db_options, path, cfs)?;
         Ok(PartitionDb {
             db,
+            faults: Faults::default(),
             stores: stores.to_vec(),
             cf_names: stores.iter().map(|s| store_cf(s)).collect(),
             path: path.to_path_buf(),
@@ -185,6 +231,7 @@ pub fn slot_key(slot: u32, user_key: &[u8]) -> Vec<u8> {
 /// The database of one partition.
 pub struct PartitionDb {
     db: DB,
+    faults: Faults,
     stores: Vec<String>,
     /// Column family names by store id, computed once: the hot path must not format strings.
     cf_names: Vec<String>,
@@ -200,6 +247,11 @@ impl PartitionDb {
     /// The id of store `name`.
     pub fn store_id(&self, name: &str) -> Option<usize> {
         self.stores.iter().position(|s| s == name)
+    }
+
+    /// The fault-injection hook of this database (tests only).
+    pub fn faults(&self) -> &Faults {
+        &self.faults
     }
 
     /// Where the database lives.
@@ -246,6 +298,7 @@ impl PartitionDb {
 
     /// The committed value of `key` (already slot-prefixed) in `store`.
     pub fn get(&self, store: usize, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.faults.on_read()?;
         Ok(self
             .db
             .get_pinned_cf(self.cf(store)?, key)?
@@ -259,6 +312,7 @@ impl PartitionDb {
         key: &[u8],
         f: impl FnOnce(Option<&[u8]>) -> R,
     ) -> Result<R> {
+        self.faults.on_read()?;
         let v = self.db.get_pinned_cf(self.cf(store)?, key)?;
         Ok(f(v.as_deref()))
     }
@@ -271,6 +325,7 @@ impl PartitionDb {
         end: &[u8],
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.faults.on_read()?;
         let mut ro = rocksdb::ReadOptions::default();
         ro.set_iterate_upper_bound(end.to_vec());
         let it = self.db.iterator_cf_opt(
@@ -304,11 +359,23 @@ impl PartitionDb {
         }
     }
 
-    /// Applies data writes and metadata writes as one atomic RocksDB write.
+    /// Applies data writes and metadata writes as one atomic RocksDB write. The write is in the
+    /// WAL but not synced: on Kafka the changelog is the durability.
     pub fn commit(
         &self,
         writes: impl IntoIterator<Item = WriteOp>,
         meta: &[(String, Option<Vec<u8>>)],
+    ) -> Result<()> {
+        self.commit_with(writes, meta, false)
+    }
+
+    /// [`PartitionDb::commit`], with the WAL synced to disk before it returns when `sync`: the
+    /// commit survives a power loss (the embedded log, where RocksDB is the durability).
+    pub fn commit_with(
+        &self,
+        writes: impl IntoIterator<Item = WriteOp>,
+        meta: &[(String, Option<Vec<u8>>)],
+        sync: bool,
     ) -> Result<()> {
         let mut wb = WriteBatch::default();
         for op in writes {
@@ -324,6 +391,26 @@ impl PartitionDb {
                 Some(v) => wb.put_cf(m, k.as_bytes(), v),
                 None => wb.delete_cf(m, k.as_bytes()),
             }
+        }
+        let mut wo = rocksdb::WriteOptions::default();
+        wo.set_sync(sync);
+        self.db.write_opt(wb, &wo)?;
+        Ok(())
+    }
+
+    /// Deletes every entry of `slot` in `store` and the metadata keys `meta`, in one write: the
+    /// slot's state starts again from nothing (a restore from the changelog follows).
+    pub fn wipe_slot(&self, store: usize, slot: u32, meta: &[String]) -> Result<()> {
+        let mut wb = WriteBatch::default();
+        let cf = self.cf(store)?;
+        let end = match slot.checked_add(1) {
+            Some(next) => slot_key(next, &[]),
+            None => vec![0xff; 5],
+        };
+        wb.delete_range_cf(cf, slot_key(slot, &[]), end);
+        let m = self.meta()?;
+        for k in meta {
+            wb.delete_cf(m, k.as_bytes());
         }
         self.db.write(wb)?;
         Ok(())
@@ -373,5 +460,18 @@ mod tests {
             .scan(0, &slot_key(3, b""), &slot_key(4, b""), 10)
             .unwrap();
         assert_eq!(all.len(), 1);
+        db.commit(
+            vec![WriteOp {
+                store: 0,
+                key: slot_key(4, b"b"),
+                value: Some(b"2".to_vec()),
+            }],
+            &[],
+        )
+        .unwrap();
+        db.wipe_slot(0, 3, &["in/t/3".into()]).unwrap();
+        assert_eq!(db.get(0, &slot_key(3, b"a")).unwrap(), None);
+        assert_eq!(db.get_meta_u64("in/t/3").unwrap(), None);
+        assert_eq!(db.get(0, &slot_key(4, b"b")).unwrap(), Some(b"2".to_vec()));
     }
 }

@@ -1,10 +1,10 @@
 //! How a batch reaches durable storage, per transport: the [`PartitionIo`] of a session.
 //!
-//! - Embedded log ([`EmbeddedIo`], an outbox): one RocksDB write carries the batch's state
-//!   writes, the input offsets, the batch sequence number and the batch's outputs; then the
-//!   outputs are appended as idempotent appends tagged with the partition's producer id and the
-//!   sequence. After a crash the outbox of the last committed batch is re-sent; the log skips
-//!   what it has.
+//! - Embedded log ([`EmbeddedIo`], an outbox): one RocksDB write (WAL synced) carries the
+//!   batch's state writes, the input offsets, the batch sequence number and the batch's outputs;
+//!   then the outputs are appended (and synced) as idempotent appends tagged with the
+//!   partition's producer id and the sequence. After a crash or a power loss the outbox of the
+//!   last committed batch is re-sent; the log skips what it has and completes a torn append.
 //! - Kafka ([`super::kafka::KafkaIo`]): one transaction carries the changelog records, the
 //!   outputs and the input offsets; only after it commits does RocksDB get the state writes with
 //!   the changelog and input offsets. RocksDB never holds uncommitted data; restore replays the
@@ -128,7 +128,9 @@ impl EmbeddedIo {
                 partition,
                 &records,
                 Some((&self.producer, seq)),
-                false,
+                // On disk before the next batch's commit replaces the outbox that could
+                // re-send it: outputs survive a power loss as the state does.
+                true,
             )?;
             if r == Appended::Duplicate {
                 tracing::debug!(topic, partition, seq, "outbox already in the log");
@@ -225,7 +227,8 @@ impl PartitionIo for EmbeddedIo {
             OUTBOX_KEY.to_string(),
             (!batch.outputs.is_empty()).then(|| encode_outbox(&batch.outputs)),
         ));
-        db.commit(batch.writes, &meta)?;
+        // Synced: after a power loss the state, offsets and outbox are those of a committed batch.
+        db.commit_with(batch.writes, &meta, true)?;
         self.seq = seq;
         self.publish(&batch.outputs, seq)
     }

@@ -21,6 +21,31 @@ use crate::transport::{LogRecord, Record};
 /// How often end offsets (for lag) are asked of the broker.
 const END_OFFSET_TTL: Duration = Duration::from_millis(500);
 
+/// How often a partition compares its input topics' partition counts with its slots.
+const INPUT_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Fails (for good) when an input topic gained partitions: the pipeline's slots are fixed, so
+/// it would silently never read the new ones.
+fn check_inputs(transport: &KafkaTransport, pipeline: &PipelineRecord) -> anyhow::Result<()> {
+    use crate::transport::{Transport, TransportError};
+    let slots = pipeline.spec.slots;
+    for topic in &pipeline.spec.inputs {
+        if let Some(n) = transport.partitions(topic)?
+            && n != slots
+        {
+            return Err(TransportError::Misconfigured(format!(
+                "input topic `{topic}` now has {n} partitions, but pipeline `{}` has {slots} \
+                 slots and would never read partitions {slots}..{n}; records produced there are \
+                 not processed. Create a new pipeline with slots = {n} (a pipeline's slots are \
+                 fixed)",
+                pipeline.spec.name
+            ))
+            .into());
+        }
+    }
+    Ok(())
+}
+
 /// One session of a partition on Kafka.
 pub struct KafkaIo {
     transport: Arc<KafkaTransport>,
@@ -31,6 +56,11 @@ pub struct KafkaIo {
     changelogs: Vec<String>,
     ends: HashMap<(usize, u32), (u64, Instant)>,
     linger: Duration,
+    /// When the input topics' partition counts were last compared with the slots.
+    inputs_checked: Instant,
+    /// Changelog records the last restore applied: none means RocksDB was at the changelog's
+    /// end, so its input offsets are those of the last committed batch.
+    restored: u64,
 }
 
 impl KafkaIo {
@@ -48,12 +78,16 @@ impl KafkaIo {
         if eos {
             producer.init_transactions()?;
         }
-        let changelogs = pipeline
+        let changelogs: Vec<String> = pipeline
             .spec
             .stores
             .iter()
             .map(|s| pipeline.changelog_topic(s))
             .collect();
+        for c in &changelogs {
+            transport.check_compacted(c)?;
+        }
+        check_inputs(&transport, &pipeline)?;
         // A transaction costs a few round trips: gather records longer under exactly-once.
         let linger = Duration::from_millis(if eos { 10 } else { 2 });
         Ok(KafkaIo {
@@ -65,6 +99,8 @@ impl KafkaIo {
             changelogs,
             ends: HashMap::new(),
             linger,
+            restored: 0,
+            inputs_checked: Instant::now(),
         })
     }
 
@@ -110,11 +146,27 @@ impl PartitionIo for KafkaIo {
         for (si, topic) in self.changelogs.iter().enumerate() {
             let store = &self.pipeline.spec.stores[si];
             for slot in self.slots.clone() {
-                let local = db
-                    .get_meta_u64(&changelog_offset_key(store, slot))?
-                    .unwrap_or(0);
+                let key = changelog_offset_key(store, slot);
+                let mut local = db.get_meta_u64(&key)?.unwrap_or(0);
                 let hi = reader.high_watermark(topic, slot)?;
-                let start = local.max(reader.low_watermark(topic, slot)?);
+                let lo = reader.low_watermark(topic, slot)?;
+                // State ahead of its changelog (the topic was deleted, recreated or truncated)
+                // or behind what the changelog still holds: the changelog is the truth, so the
+                // slot's state is wiped and restored from it, as Kafka Streams does.
+                if local > hi || (local > 0 && local < lo) {
+                    tracing::warn!(
+                        changelog = %topic,
+                        slot,
+                        local,
+                        low = lo,
+                        high = hi,
+                        "the state of this slot does not match its changelog (the changelog was \
+                         deleted, recreated or truncated); wiping it and restoring from the changelog"
+                    );
+                    db.wipe_slot(si, slot, &[key])?;
+                    local = 0;
+                }
+                let start = local.max(lo);
                 if start < hi {
                     todo.push((si, slot, start, hi));
                 }
@@ -130,6 +182,7 @@ impl PartitionIo for KafkaIo {
                 finished,
             });
         };
+        self.restored = 0;
         if todo.is_empty() {
             report(0, true);
             return Ok(());
@@ -198,6 +251,7 @@ impl PartitionIo for KafkaIo {
                 "restore made no progress for 60 s"
             );
         }
+        self.restored = done;
         report(done, true);
         tracing::info!(
             records = done,
@@ -207,8 +261,15 @@ impl PartitionIo for KafkaIo {
         Ok(())
     }
 
-    fn positions(&mut self, _db: &PartitionDb) -> anyhow::Result<Vec<Vec<u64>>> {
+    /// The group's offsets are the truth. Every transaction commits the offset of every owned
+    /// slot, idle or not, so the broker does not expire an idle slot's offset. Where the group has
+    /// none (a new pipeline, or offsets expired after `offsets.retention.minutes` without a
+    /// commit), RocksDB's input offset is used, but only when the restore found RocksDB at the
+    /// changelog's end: after a crash between the Kafka commit and the RocksDB write it lags the
+    /// group by one batch. Any other disagreement fails the partition, naming the slot.
+    fn positions(&mut self, db: &PartitionDb) -> anyhow::Result<Vec<Vec<u64>>> {
         let spec = &self.pipeline.spec;
+        let eos = spec.guarantee == Guarantee::ExactlyOnce;
         let tps: Vec<(String, u32)> = spec
             .inputs
             .iter()
@@ -217,9 +278,38 @@ impl PartitionIo for KafkaIo {
         let committed = self.consumer.committed(&tps)?;
         let mut out = vec![Vec::new(); spec.inputs.len()];
         let mut assign = Vec::new();
-        for ((topic, slot), c) in tps.iter().zip(committed) {
+        for ((topic, slot), group) in tps.iter().zip(committed) {
             let ti = spec.inputs.iter().position(|t| t == topic).unwrap_or(0);
-            let next = c.unwrap_or_else(|| start_offset(&self.pipeline, ti, *slot));
+            let local = db.get_meta_u64(&input_offset_key(topic, *slot))?;
+            let next = match (group, local) {
+                (Some(g), Some(l)) if eos && l > g => anyhow::bail!(
+                    "slot {slot} of `{topic}`: RocksDB has processed up to offset {l}, beyond the \
+                     group's committed offset {g}; the group `{}` was reset or rewound by hand. \
+                     Refusing to guess: delete the partition's state to reprocess from the group's \
+                     offset, or set the group's offset to {l}",
+                    self.pipeline.group_id()
+                ),
+                (Some(g), Some(l)) if !eos => g.max(l),
+                (Some(g), _) => g,
+                (None, Some(l)) if self.restored == 0 || !eos => {
+                    tracing::warn!(
+                        %topic,
+                        slot,
+                        offset = l,
+                        "the group has no offset for this slot (expired?); resuming from RocksDB's"
+                    );
+                    l
+                }
+                (None, Some(l)) => anyhow::bail!(
+                    "slot {slot} of `{topic}`: the group `{}` has no committed offset (expired \
+                     after offsets.retention.minutes?) and RocksDB's input offset {l} may lag the \
+                     last commit (the restore replayed {} changelog records); refusing to guess \
+                     where to resume. Set the group's offset for this slot by hand",
+                    self.pipeline.group_id(),
+                    self.restored
+                ),
+                (None, None) => start_offset(&self.pipeline, ti, *slot),
+            };
             out[ti].push(next);
             assign.push((topic.clone(), *slot, next));
         }
@@ -232,6 +322,10 @@ impl PartitionIo for KafkaIo {
         _next: &[Vec<u64>],
         max: usize,
     ) -> anyhow::Result<Vec<(usize, u32, Vec<LogRecord>)>> {
+        if self.inputs_checked.elapsed() > INPUT_CHECK_INTERVAL {
+            self.inputs_checked = Instant::now();
+            check_inputs(&self.transport, &self.pipeline)?;
+        }
         let fetched = self
             .consumer
             .fetch(max, Duration::from_millis(100), self.linger);

@@ -15,10 +15,9 @@ pub mod swap;
 pub use events::{Event, EventLog};
 pub use io::{Batch, EmbeddedIo, PartitionIo, RestoreProgress};
 pub use swap::{
-    ModuleTarget, RollbackHook, SwapOutcome, SwapPolicy, SwapReport, SwapStatus, Target,
+    ModuleTarget, RollbackHook, Settings, SwapOutcome, SwapPolicy, SwapReport, SwapStatus, Target,
 };
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,7 +27,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 
 use crate::cluster::PipelineRecord;
-use crate::runtime::{CallError, Cursor, HostCtx, Instance, Message, Module, Output, Runtime};
+use crate::runtime::{CallError, Cursor, HostCtx, Instance, Message, Output, Runtime};
 use crate::state::PartitionDb;
 use crate::transport::{LogRecord, Record};
 
@@ -110,6 +109,8 @@ pub struct PartitionStatus {
     pub batch_latency: Histogram,
     /// The module version running now.
     pub version: Mutex<String>,
+    /// Sessions that ended in a panic since start.
+    pub panics: AtomicU64,
 }
 
 /// Cumulative time of the partition loop by step, in microseconds.
@@ -192,8 +193,8 @@ pub struct PartitionTask {
     pub db: Arc<PartitionDb>,
     /// Opens the transport side of a session (clients, fencing).
     pub io: IoFactory,
-    /// Declared output topics (and the dead-letter topic) with their partition counts.
-    pub outputs: Arc<HashMap<String, u32>>,
+    /// Declared output topics (and the dead-letter topic) and the size limits of writes.
+    pub outputs: Arc<crate::runtime::WriteLimits>,
     /// The runtime.
     pub runtime: Arc<Runtime>,
     /// The module version the pipeline should run (hot swaps change it).
@@ -208,6 +209,9 @@ pub struct PartitionTask {
     pub status: Arc<PartitionStatus>,
     /// Set to stop at the next batch boundary.
     pub stop: Arc<AtomicBool>,
+    /// After Kafka refused a record for good: the offsets up to which records are processed
+    /// one per commit, to find that record.
+    pub isolate: Mutex<Option<Vec<Vec<u64>>>>,
 }
 
 impl PartitionStatus {
@@ -226,6 +230,7 @@ impl PartitionStatus {
             records_out: AtomicU64::new(0),
             batch_latency: Histogram::default(),
             version: Mutex::new(String::new()),
+            panics: AtomicU64::new(0),
         }
     }
 }
@@ -248,79 +253,111 @@ pub fn changelog_offset_key(store: &str, slot: u32) -> String {
 
 impl PartitionTask {
     /// Runs the loop until stopped or failed. Blocking: call it on a thread of its own.
+    ///
+    /// A session that ends in an error is retried after a back-off that doubles up to 5 s and
+    /// starts again from 100 ms after a healthy session (one that committed a batch). A panic
+    /// in a session is caught: the partition shows `failed` with the panic's message until the
+    /// back-off ends, then starts a new session.
     pub fn run(self) {
         let span =
             tracing::info_span!("partition", id = %self.id, pipeline = %self.pipeline.spec.name);
         let _g = span.enter();
-        let mut backoff = Duration::from_millis(100);
+        const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+        let mut backoff = FIRST_BACKOFF;
         loop {
             if self.stop.load(Ordering::Relaxed) {
                 *self.status.phase.lock() = Phase::Stopped;
                 return;
             }
-            match self.session() {
-                Ok(()) => {
+            let batches_before = self.status.batches.load(Ordering::Relaxed);
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.session()));
+            if self.status.batches.load(Ordering::Relaxed) > batches_before {
+                backoff = FIRST_BACKOFF;
+            }
+            let phase = match outcome {
+                Ok(Ok(())) => {
                     *self.status.phase.lock() = Phase::Stopped;
                     return;
                 }
-                Err(SessionError::Fatal(msg)) => {
+                Ok(Err(SessionError::Fatal(msg))) => {
                     tracing::error!("partition failed: {msg}");
                     *self.status.phase.lock() = Phase::Failed(msg);
                     return;
                 }
-                Err(SessionError::Retry(e)) => {
+                Ok(Err(SessionError::Retry(e))) => {
                     let msg = format!("{e:#}");
                     tracing::warn!("partition session ended: {msg}; retrying in {backoff:?}");
                     *self.status.last_error.lock() = Some(msg.clone());
-                    *self.status.phase.lock() = Phase::Recovering(msg);
-                    let until = Instant::now() + backoff;
-                    while Instant::now() < until && !self.stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    Phase::Recovering(msg)
                 }
+                Err(panic) => {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic without a message".into());
+                    let msg =
+                        format!("partition thread panicked: {what}; restarting in {backoff:?}");
+                    tracing::error!("{msg}");
+                    *self.status.last_error.lock() = Some(msg.clone());
+                    self.status.panics.fetch_add(1, Ordering::Relaxed);
+                    Phase::Failed(msg)
+                }
+            };
+            *self.status.phase.lock() = phase;
+            let until = Instant::now() + backoff;
+            while Instant::now() < until && !self.stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(20));
             }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
         }
     }
 
-    fn new_instance(&self, module: &Module, ctx: HostCtx) -> Result<Instance, SessionError> {
-        self.try_instance(module, ctx).map_err(SessionError::Fatal)
+    fn new_instance(&self, target: &Target) -> Result<Instance, SessionError> {
+        self.try_instance(target).map_err(SessionError::Fatal)
     }
 
-    /// An initialised instance of `module`, or why there is none.
-    fn try_instance(&self, module: &Module, ctx: HostCtx) -> Result<Instance, String> {
+    /// An initialised instance of a target (its module with its settings), or why there is none.
+    fn try_instance(&self, target: &Target) -> Result<Instance, String> {
+        self.instance_with(target, self.fresh_ctx(&target.settings))
+    }
+
+    fn instance_with(&self, target: &Target, ctx: HostCtx) -> Result<Instance, String> {
         let name = &self.pipeline.spec.module;
         let mut inst = self
             .runtime
-            .instantiate(module, ctx)
+            .instantiate(&target.module, ctx)
             .map_err(|e| format!("instantiating module {name}: {e:#}"))?;
-        inst.init(&self.pipeline.spec.config_pairs())
+        inst.init(&target.settings.config)
             .map_err(|e| format!("init of module {name} failed: {e}"))?;
         Ok(inst)
     }
 
     /// Replaces a trapped instance, keeping the batch's pending writes and outputs.
-    fn replace_instance(&self, module: &Module, inst: Instance) -> Result<Instance, SessionError> {
+    fn replace_instance(&self, target: &Target, inst: Instance) -> Result<Instance, SessionError> {
         let mut ctx = inst.into_ctx();
         ctx.reset_instance_resources();
-        self.new_instance(module, ctx)
+        self.instance_with(target, ctx).map_err(SessionError::Fatal)
     }
 
-    fn fresh_ctx(&self) -> HostCtx {
+    fn fresh_ctx(&self, settings: &Settings) -> HostCtx {
+        let mut limits = (*self.outputs).clone();
+        limits.max_key_bytes = settings.limits.max_key_bytes as usize;
+        limits.max_value_bytes = settings.limits.max_value_bytes as usize;
         HostCtx::new(
             self.pipeline.spec.name.as_str().into(),
             self.db.clone(),
-            self.outputs.clone(),
-            self.pipeline.spec.limits.memory_bytes as usize,
-            self.pipeline.spec.wasi.clone(),
+            Arc::new(limits),
+            settings.limits.memory_bytes as usize,
+            settings.wasi.clone(),
         )
     }
 
-    /// Epoch ticks left of the batch's CPU budget (at least one).
-    fn ticks_left(&self, batch_started: Instant) -> u64 {
-        let budget = Duration::from_millis(self.pipeline.spec.limits.cpu_ms);
-        let left = budget.saturating_sub(batch_started.elapsed());
-        (left.as_millis() as u64 / crate::runtime::EPOCH_TICK.as_millis() as u64).max(1)
+    /// Epoch ticks of one guest call's CPU budget. Each call gets the whole of `limits.cpu_ms`:
+    /// a long batch never shortens the calls that follow it. The deadline fires on a tick, so
+    /// one tick more makes the budget at least `cpu_ms`, never less.
+    fn call_ticks(&self, settings: &Settings) -> u64 {
+        (settings.limits.cpu_ms / crate::runtime::EPOCH_TICK.as_millis() as u64).max(1) + 1
     }
 
     /// At a batch boundary: switches to the target's new generation, if any. On failure the
@@ -331,7 +368,9 @@ impl PartitionTask {
             return Ok(inst);
         }
         let target = self.target.get();
-        if target.module.sha256 == run.current.module.sha256 {
+        if target.module.sha256 == run.current.module.sha256
+            && target.settings == run.current.settings
+        {
             // Same code (e.g. the pipeline went back to what this partition already runs).
             *self.status.version.lock() = target.version.clone();
             self.status.swap.record(SwapReport {
@@ -347,9 +386,9 @@ impl PartitionTask {
             return Ok(inst);
         }
         let started = Instant::now();
-        let mut ctx = inst.into_ctx();
-        ctx.reset_instance_resources();
-        match self.try_instance(&target.module, ctx) {
+        // A batch boundary: nothing is pending in the old instance's context.
+        drop(inst);
+        match self.try_instance(&target) {
             Ok(new) => {
                 let pause_us = started.elapsed().as_micros() as u64;
                 tracing::info!(version = %target.version, pause_us, "module swapped");
@@ -371,12 +410,12 @@ impl PartitionTask {
                     reason: None,
                     pause_us,
                 });
+                run.probation = target.settings.swap.probation_batches;
                 run.previous = Some(std::mem::replace(&mut run.current, target));
-                run.probation = self.pipeline.spec.swap.probation_batches;
                 Ok(new)
             }
             Err(reason) => {
-                let back = self.new_instance(&run.current.module, self.fresh_ctx())?;
+                let back = self.new_instance(&run.current)?;
                 self.reject(run, &target, reason, started);
                 Ok(back)
             }
@@ -409,14 +448,13 @@ impl PartitionTask {
     fn process_batch(
         &self,
         mut inst: Instance,
-        module: &Module,
+        target: &Target,
         groups: &[(u32, Vec<Message>)],
         dlq: &str,
     ) -> Result<Instance, SessionError> {
-        let started = Instant::now();
         for (slot, msgs) in groups {
             for chunk in msgs.chunks(self.config.max_call) {
-                inst = self.process_chunk(inst, module, *slot, chunk, dlq, started)?;
+                inst = self.process_chunk(inst, target, *slot, chunk, dlq)?;
             }
         }
         Ok(inst)
@@ -425,14 +463,14 @@ impl PartitionTask {
     fn session(&self) -> Result<(), SessionError> {
         let current = self.target.get();
         *self.status.version.lock() = current.version.clone();
-        let mut inst = self.new_instance(&current.module, self.fresh_ctx())?;
+        let mut inst = self.new_instance(&current)?;
         let mut run = Running {
             current,
             previous: None,
             rejected: 0,
             probation: 0,
         };
-        let mut io = (self.io)().map_err(SessionError::Retry)?;
+        let mut io = (self.io)().map_err(SessionError::from_io)?;
 
         *self.status.phase.lock() = Phase::Restoring;
         let status = self.status.clone();
@@ -450,9 +488,27 @@ impl PartitionTask {
             // A batch boundary: nothing is pending, so the module can change under the state.
             inst = self.maybe_swap(inst, &mut run)?;
             let fetch_started = Instant::now();
-            let fetched = io
-                .fetch(&next, self.config.max_batch)
-                .map_err(SessionError::Retry)?;
+            // After Kafka refused a record for good, the records of that batch go one per
+            // commit until they are past.
+            let max_batch = {
+                let mut isolate = self.isolate.lock();
+                match &*isolate {
+                    Some(until)
+                        if next
+                            .iter()
+                            .zip(until)
+                            .any(|(n, u)| n.iter().zip(u).any(|(a, b)| a < b)) =>
+                    {
+                        1
+                    }
+                    Some(_) => {
+                        *isolate = None;
+                        self.config.max_batch
+                    }
+                    None => self.config.max_batch,
+                }
+            };
+            let fetched = io.fetch(&next, max_batch).map_err(SessionError::from_io)?;
             let started = add_elapsed(&time.fetch_us, fetch_started);
             if fetched.is_empty() {
                 self.update_progress(io.as_mut(), &next);
@@ -461,7 +517,6 @@ impl PartitionTask {
             let batch_span = tracing::debug_span!("batch");
             let _b = batch_span.enter();
             let mut count = 0u64;
-            let mut offsets = Vec::with_capacity(fetched.len());
             let mut new_next = next.clone();
             let mut groups = Vec::with_capacity(fetched.len());
             for (ti, slot, recs) in fetched {
@@ -469,7 +524,6 @@ impl PartitionTask {
                 if let Some(last) = recs.last() {
                     new_next[ti][idx] = last.offset + 1;
                 }
-                offsets.push((ti, slot, new_next[ti][idx]));
                 count += recs.len() as u64;
                 let topic = &spec.inputs[ti];
                 // Records move into guest messages: no copy of keys and values.
@@ -480,12 +534,12 @@ impl PartitionTask {
                 groups.push((slot, msgs));
             }
             let failed_before = self.status.dead_letters.load(Ordering::Relaxed);
-            inst = self.process_batch(inst, &run.current.module, &groups, &dlq)?;
+            inst = self.process_batch(inst, &run.current, &groups, &dlq)?;
             if run.probation > 0 {
                 run.probation -= 1;
                 let failed = self.status.dead_letters.load(Ordering::Relaxed) - failed_before;
                 let share = failed as f64 / count as f64;
-                let max = spec.swap.max_failure_share;
+                let max = run.current.settings.swap.max_failure_share;
                 if share > max
                     && let Some(previous) = run.previous.take()
                 {
@@ -497,7 +551,7 @@ impl PartitionTask {
                         .dead_letters
                         .fetch_sub(failed, Ordering::Relaxed);
                     let rejected = std::mem::replace(&mut run.current, previous);
-                    inst = self.new_instance(&run.current.module, self.fresh_ctx())?;
+                    inst = self.new_instance(&run.current)?;
                     *self.status.version.lock() = run.current.version.clone();
                     run.probation = 0;
                     self.reject(
@@ -510,9 +564,12 @@ impl PartitionTask {
                         ),
                         rollback_started,
                     );
-                    inst = self.process_batch(inst, &run.current.module, &groups, &dlq)?;
+                    inst = self.process_batch(inst, &run.current, &groups, &dlq)?;
                 }
             }
+            // Every owned slot's offset, idle or not: the broker expires a group's offset
+            // `offsets.retention.minutes` after its last commit.
+            let offsets = batch_offsets(&new_next, self.slots.start);
             let commit_started = add_elapsed(&time.process_us, started);
             let ctx = inst.ctx();
             let batch = Batch {
@@ -520,10 +577,57 @@ impl PartitionTask {
                 outputs: std::mem::take(&mut ctx.outputs),
                 offsets,
             };
-            let outputs = batch.outputs.len();
+            let mut outputs = batch.outputs.len();
             if let Err(e) = io.commit(&self.db, batch) {
                 // Nothing of the batch is in RocksDB: the next session resumes before it.
-                return Err(SessionError::Retry(e));
+                if !refused_for_good(&e) {
+                    return Err(SessionError::Retry(e));
+                }
+                let one = groups.iter().flat_map(|(_, m)| m).collect::<Vec<_>>();
+                if one.len() != 1 {
+                    // Kafka refused a record of this batch for good: the next session goes
+                    // through the batch's records one per commit to find it.
+                    tracing::warn!("{e:#}; processing the batch's records one per commit");
+                    *self.isolate.lock() = Some(new_next.clone());
+                    return Err(SessionError::Retry(e));
+                }
+                // This record's outputs or state writes are what Kafka refuses: its writes are
+                // discarded and it goes to the dead-letter topic, or, when even that is
+                // refused, it is dropped with an event saying so.
+                let reason = format!("{e:#}");
+                let dead = self.dead_letter_output(one[0], &reason, "error", &dlq);
+                let offsets = batch_offsets(&new_next, self.slots.start);
+                let dead_batch = Batch {
+                    writes: Vec::new(),
+                    outputs: vec![dead],
+                    offsets: offsets.clone(),
+                };
+                outputs = 1;
+                if let Err(e2) = io.commit(&self.db, dead_batch) {
+                    if !refused_for_good(&e2) {
+                        return Err(SessionError::Retry(e2));
+                    }
+                    outputs = 0;
+                    self.events.push(
+                        "error",
+                        None,
+                        format!(
+                            "record dropped: Kafka refused it ({reason}) and its dead letter \
+                             ({e2:#})"
+                        ),
+                        &self.id,
+                        None,
+                    );
+                    io.commit(
+                        &self.db,
+                        Batch {
+                            writes: Vec::new(),
+                            outputs: Vec::new(),
+                            offsets,
+                        },
+                    )
+                    .map_err(SessionError::Retry)?;
+                }
             }
             add_elapsed(&time.commit_us, commit_started);
             next = new_next;
@@ -549,12 +653,12 @@ impl PartitionTask {
     fn process_chunk(
         &self,
         mut inst: Instance,
-        module: &Module,
+        target: &Target,
         slot: u32,
         msgs: &[Message],
         dlq: &str,
-        batch_started: Instant,
     ) -> Result<Instance, SessionError> {
+        let ticks = self.call_ticks(&target.settings);
         let cursor = |m: &Message| Cursor {
             topic: m.topic.clone(),
             slot,
@@ -562,8 +666,9 @@ impl PartitionTask {
             timestamp: m.timestamp,
         };
         inst.ctx().begin_call(cursor(&msgs[0]));
-        let result = inst.process(msgs, self.ticks_left(batch_started));
+        let result = inst.process(msgs, ticks);
         self.take_logs(&mut inst);
+        host_fault(&mut inst)?;
         let err = match result {
             Ok(()) => {
                 inst.ctx().keep_call();
@@ -573,7 +678,7 @@ impl PartitionTask {
         };
         inst.ctx().drop_call();
         if matches!(err, CallError::Trap(_)) {
-            inst = self.replace_instance(module, inst)?;
+            inst = self.replace_instance(target, inst)?;
         }
         if msgs.len() == 1 {
             self.dead_letter(&mut inst, &msgs[0], &err, dlq);
@@ -585,14 +690,15 @@ impl PartitionTask {
         );
         for m in msgs {
             inst.ctx().begin_call(cursor(m));
-            let result = inst.process(std::slice::from_ref(m), self.ticks_left(batch_started));
+            let result = inst.process(std::slice::from_ref(m), ticks);
             self.take_logs(&mut inst);
+            host_fault(&mut inst)?;
             match result {
                 Ok(()) => inst.ctx().keep_call(),
                 Err(e) => {
                     inst.ctx().drop_call();
                     if matches!(e, CallError::Trap(_)) {
-                        inst = self.replace_instance(module, inst)?;
+                        inst = self.replace_instance(target, inst)?;
                     }
                     self.dead_letter(&mut inst, m, &e, dlq);
                 }
@@ -610,13 +716,19 @@ impl PartitionTask {
     }
 
     fn dead_letter(&self, inst: &mut Instance, m: &Message, err: &CallError, dlq: &str) {
-        let msg = err.to_string();
+        let kind = match err {
+            CallError::Guest(_) => "error",
+            CallError::Trap(_) => "trap",
+        };
+        let out = self.dead_letter_output(m, &err.to_string(), kind, dlq);
+        inst.ctx().push_dead_letter(out);
+    }
+
+    /// The dead letter of `m` with the reason `msg`, counted and reported as an event.
+    fn dead_letter_output(&self, m: &Message, msg: &str, kind: &'static str, dlq: &str) -> Output {
         let (topic, slot, offset) = (&m.topic, m.slot, m.offset);
         self.events.push(
-            match err {
-                CallError::Guest(_) => "error",
-                CallError::Trap(_) => "trap",
-            },
+            kind,
             None,
             format!("{msg}; record sent to {dlq}"),
             &self.id,
@@ -633,29 +745,30 @@ impl PartitionTask {
             .iter()
             .map(|h| (h.key.clone(), h.value.clone()))
             .collect();
-        headers.push(("baton.error".into(), msg.clone().into_bytes()));
+        headers.push(("baton.error".into(), msg.as_bytes().to_vec()));
         headers.push(("baton.topic".into(), topic.as_bytes().to_vec()));
         headers.push(("baton.slot".into(), slot.to_string().into_bytes()));
         headers.push(("baton.offset".into(), offset.to_string().into_bytes()));
-        let record = Record {
+        let mut record = Record {
             key: m.key.clone(),
             value: m.value.clone(),
             headers,
             timestamp: m.timestamp,
         };
-        let partitions = self
-            .outputs
-            .get(dlq)
-            .copied()
-            .unwrap_or(self.pipeline.spec.slots)
+        let out = self.outputs.outputs.get(dlq).copied();
+        if let Some(max) = out.and_then(|o| o.max_record_bytes) {
+            truncate_dead_letter(&mut record, max);
+        }
+        let partitions = out
+            .map_or(self.pipeline.spec.slots, |o| o.partitions)
             .max(1);
-        inst.ctx().push_dead_letter(Output {
+        self.status.dead_letters.fetch_add(1, Ordering::Relaxed);
+        *self.status.last_error.lock() = Some(format!("{topic}/{slot}@{offset}: {msg}"));
+        Output {
             topic: dlq.to_string(),
             partition: slot % partitions,
             record,
-        });
-        self.status.dead_letters.fetch_add(1, Ordering::Relaxed);
-        *self.status.last_error.lock() = Some(format!("{topic}/{slot}@{offset}: {msg}"));
+        }
     }
 
     fn update_progress(&self, io: &mut dyn PartitionIo, next: &[Vec<u64>]) {
@@ -692,8 +805,82 @@ struct Running {
 pub enum SessionError {
     /// Worth another session after a back-off (transport trouble, a failed commit).
     Retry(anyhow::Error),
-    /// Another session would fail the same way (the module's `init` fails).
+    /// Another session would fail the same way (the module's `init` fails, a changelog is
+    /// misconfigured).
     Fatal(String),
+}
+
+impl SessionError {
+    /// An error of the transport: fatal when no retry can fix it, else worth a retry.
+    fn from_io(e: anyhow::Error) -> Self {
+        match e.downcast_ref::<crate::transport::TransportError>() {
+            Some(crate::transport::TransportError::Misconfigured(m)) => {
+                SessionError::Fatal(m.clone())
+            }
+            _ => SessionError::Retry(e),
+        }
+    }
+}
+
+/// Makes a dead letter fit its topic: cuts its value, then its key, and says so in the header
+/// `baton.truncated`, so that a record its dead-letter topic cannot take still leaves a trace.
+fn truncate_dead_letter(r: &mut Record, max: usize) {
+    let headers: usize = r.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+    let key = r.key.as_ref().map_or(0, Vec::len);
+    let value = r.value.as_ref().map_or(0, Vec::len);
+    // Room for the header saying what was cut.
+    let room = max.saturating_sub(headers + 128);
+    if key + value + headers <= max {
+        return;
+    }
+    let mut note = Vec::new();
+    let value_room = room.saturating_sub(key.min(room));
+    if let Some(v) = r.value.as_mut() {
+        v.truncate(value_room);
+        note.push(format!("value of {value} bytes cut to {}", v.len()));
+    }
+    let key_room = room.saturating_sub(r.value.as_ref().map_or(0, Vec::len));
+    if let Some(k) = r.key.as_mut()
+        && k.len() > key_room
+    {
+        k.truncate(key_room);
+        note.push(format!("key of {key} bytes cut to {}", k.len()));
+    }
+    note.push(format!("the dead-letter topic takes at most {max} bytes"));
+    r.headers
+        .push(("baton.truncated".into(), note.join("; ").into_bytes()));
+}
+
+/// Every slot's next offset, per input, as a batch commits them.
+fn batch_offsets(next: &[Vec<u64>], first_slot: u32) -> Vec<(usize, u32, u64)> {
+    next.iter()
+        .enumerate()
+        .flat_map(|(ti, v)| {
+            v.iter()
+                .enumerate()
+                .map(move |(idx, o)| (ti, first_slot + idx as u32, *o))
+        })
+        .collect()
+}
+
+/// True when Kafka refused a record of the batch for good: committing the same batch again
+/// can never succeed.
+fn refused_for_good(e: &anyhow::Error) -> bool {
+    matches!(
+        e.downcast_ref::<crate::transport::TransportError>(),
+        Some(crate::transport::TransportError::Refused(_))
+    )
+}
+
+/// Ends the session when the last guest call failed through a fault of the host (state I/O):
+/// the batch is processed again by the next session, and no record is dead-lettered for it.
+fn host_fault(inst: &mut Instance) -> Result<(), SessionError> {
+    match inst.ctx().host_fault.take() {
+        None => Ok(()),
+        Some(f) => Err(SessionError::Retry(anyhow::anyhow!(
+            "host failure during a guest call: {f}; the batch is processed again"
+        ))),
+    }
 }
 
 fn to_message(topic: &str, slot: u32, r: LogRecord) -> Message {

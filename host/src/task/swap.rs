@@ -10,7 +10,38 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::pipeline::{GuestLimits, PipelineSpec};
 use crate::runtime::Module;
+use crate::runtime::host::WasiGrants;
+
+/// What of a pipeline's spec can change while it runs (`PATCH /api/v1/pipelines/{p}`): applied
+/// at each partition's next batch boundary with a new instance, as a swap is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// The config handed to `init`, as pairs.
+    pub config: Vec<(String, String)>,
+    /// The config as the spec has it.
+    pub config_json: serde_json::Map<String, serde_json::Value>,
+    /// Guest limits.
+    pub limits: GuestLimits,
+    /// When a new version is rolled back.
+    pub swap: SwapPolicy,
+    /// WASI grants.
+    pub wasi: WasiGrants,
+}
+
+impl Settings {
+    /// The settings of a spec.
+    pub fn of(spec: &PipelineSpec) -> Arc<Self> {
+        Arc::new(Settings {
+            config: spec.config_pairs(),
+            config_json: spec.config.clone(),
+            limits: spec.limits.clone(),
+            swap: spec.swap.clone(),
+            wasi: spec.wasi.clone(),
+        })
+    }
+}
 
 /// When a new version is judged, per pipeline (`swap = { ... }` in the spec).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
@@ -49,17 +80,20 @@ pub struct Target {
     pub version: String,
     /// The compiled module.
     pub module: Module,
+    /// The settings it runs with.
+    pub settings: Arc<Settings>,
 }
 
 impl ModuleTarget {
     /// A target starting at `version`.
-    pub fn new(version: String, module: Module) -> Arc<Self> {
+    pub fn new(version: String, module: Module, settings: Arc<Settings>) -> Arc<Self> {
         Arc::new(ModuleTarget {
             generation: AtomicU64::new(1),
             current: Mutex::new(Target {
                 generation: 1,
                 version,
                 module,
+                settings,
             }),
             previous: Mutex::new(None),
         })
@@ -86,6 +120,26 @@ impl ModuleTarget {
         cur.generation
     }
 
+    /// Asks for the same version with other settings; returns the new generation.
+    pub fn set_settings(&self, settings: Arc<Settings>) -> u64 {
+        let mut cur = self.current.lock();
+        *self.previous.lock() = Some(cur.clone());
+        cur.generation += 1;
+        cur.settings = settings;
+        self.generation.store(cur.generation, Ordering::Release);
+        cur.generation
+    }
+
+    /// The version a rollback of `generation` would go back to, without moving the target:
+    /// `None` when something newer was asked for or there is nothing to go back to.
+    pub fn rollback_target(&self, generation: u64) -> Option<Target> {
+        let cur = self.current.lock();
+        if cur.generation != generation {
+            return None;
+        }
+        self.previous.lock().clone()
+    }
+
     /// Goes back to the version before `generation`, if the pipeline is still at `generation`
     /// (an automatic rollback must not undo a newer swap). Returns the version gone back to.
     pub fn roll_back(&self, generation: u64) -> Option<Target> {
@@ -98,6 +152,7 @@ impl ModuleTarget {
         cur.generation += 1;
         cur.version = previous.version.clone();
         cur.module = previous.module.clone();
+        cur.settings = previous.settings.clone();
         self.generation.store(cur.generation, Ordering::Release);
         Some(cur.clone())
     }

@@ -5,10 +5,20 @@
 //! records of partition `n` as frames `[len u32][crc32 u32][body]`. A torn frame at the end of a
 //! file (a crash mid-write) is cut off when the log opens; nothing before it is touched.
 //!
-//! Idempotent appends: an append may carry a producer id and a sequence number. The log keeps the
-//! highest sequence per producer and partition (rebuilt from the frames on open) and skips an
-//! append whose sequence it has already seen, which is how a partition task re-sends its outbox
-//! after a crash without writing anything twice.
+//! Idempotent appends: an append may carry a producer id and a sequence number. Every frame of
+//! such an append carries the id, the sequence, its index in the append and the append's frame
+//! count. The log keeps, per producer and partition, the highest sequence and how many of its
+//! frames are on disk (rebuilt from the frames on open). An append whose sequence is older is
+//! skipped; one whose sequence is the last one seen writes only the frames that are missing. So
+//! a partition task re-sends its outbox after a crash without writing anything twice, and an
+//! append torn by a crash (some frames on disk, the tail lost) is completed, not judged a
+//! duplicate.
+//!
+//! Durability: appends made through [`Transport::append`] (produced records, the control log,
+//! module chunks) are on disk (`fdatasync`) before they return, and so are a partition's output
+//! appends, which the partition makes with `sync`. What the log promises on power loss is
+//! therefore what it promises on `kill -9`: nothing acknowledged is lost, and nothing is written
+//! twice.
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
@@ -48,7 +58,32 @@ struct Inner {
     /// File position of each record's frame; the offset is the index.
     positions: Vec<u64>,
     end: u64,
-    producers: HashMap<String, u64>,
+    producers: HashMap<String, ProducerState>,
+}
+
+/// The last append of a producer to a partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ProducerState {
+    seq: u64,
+    /// Frames of append `seq` on disk.
+    frames: u32,
+    /// Frames append `seq` has in all (`u32::MAX` for frames written before frames carried it).
+    count: u32,
+}
+
+impl ProducerState {
+    fn complete(&self) -> bool {
+        self.frames >= self.count
+    }
+}
+
+/// The producer fields of one frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FrameProducer {
+    id: String,
+    seq: u64,
+    /// Index of the frame in its append, and the append's frame count (absent in old frames).
+    part: Option<(u32, u32)>,
 }
 
 /// What an idempotent append did.
@@ -131,6 +166,16 @@ impl EmbeddedLog {
         Ok(true)
     }
 
+    /// Deletes a topic and its files; a missing topic is ignored.
+    pub fn delete_topic(&self, topic: &str) -> Result<()> {
+        validate_topic_name(topic)?;
+        if self.topics.write().remove(topic).is_some() {
+            fs::remove_dir_all(self.dir.join(topic))?;
+            File::open(&self.dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+
     /// The partition count of `topic`, or `None` if it does not exist.
     pub fn partitions(&self, topic: &str) -> Option<u32> {
         self.topics
@@ -184,16 +229,39 @@ impl EmbeddedLog {
         let p = Self::partition(&t, topic, partition)?;
         let first = {
             let mut inner = p.inner.lock();
+            // With a producer: skip what it already wrote, complete a torn append.
+            let mut skip = 0usize;
             if let Some((id, seq)) = producer
-                && inner.producers.get(id).is_some_and(|&last| last >= seq)
+                && let Some(last) = inner.producers.get(id)
             {
-                return Ok(Appended::Duplicate);
+                if last.seq > seq || (last.seq == seq && last.complete()) {
+                    return Ok(Appended::Duplicate);
+                }
+                if last.seq == seq {
+                    skip = last.frames as usize;
+                    tracing::warn!(
+                        topic,
+                        partition,
+                        producer = id,
+                        seq,
+                        written = skip,
+                        of = records.len(),
+                        "completing an append torn by a crash"
+                    );
+                }
             }
+            let count = u32::try_from(records.len()).map_err(|_| {
+                TransportError::Corrupt(format!("{} records in one append", records.len()))
+            })?;
             let mut buf = Vec::with_capacity(records.len() * 64);
             let mut rel = Vec::with_capacity(records.len());
-            for r in records {
+            for (i, r) in records.iter().enumerate().skip(skip) {
                 rel.push(buf.len() as u64);
-                encode_frame(&mut buf, r, producer);
+                encode_frame(
+                    &mut buf,
+                    r,
+                    producer.map(|(id, seq)| (id, seq, i as u32, count)),
+                );
             }
             let start = inner.end;
             if let Err(e) = p.file.write_all_at(&buf, start) {
@@ -208,7 +276,14 @@ impl EmbeddedLog {
             inner.positions.extend(rel.into_iter().map(|r| start + r));
             inner.end = start + buf.len() as u64;
             if let Some((id, seq)) = producer {
-                inner.producers.insert(id.to_string(), seq);
+                inner.producers.insert(
+                    id.to_string(),
+                    ProducerState {
+                        seq,
+                        frames: count,
+                        count,
+                    },
+                );
             }
             first
         };
@@ -269,6 +344,13 @@ impl EmbeddedLog {
         Ok(out)
     }
 
+    #[cfg(test)]
+    fn p_position(&self, topic: &str, partition: u32, offset: usize) -> u64 {
+        let t = self.topic(topic).unwrap();
+        let p = Self::partition(&t, topic, partition).unwrap();
+        p.inner.lock().positions[offset]
+    }
+
     /// The offset the next record appended to the partition will get.
     pub fn end_offset(&self, topic: &str, partition: u32) -> Result<u64> {
         let t = self.topic(topic)?;
@@ -323,6 +405,13 @@ impl Transport for EmbeddedLog {
     fn read(&self, topic: &str, partition: u32, offset: u64, max: usize) -> Result<Vec<LogRecord>> {
         EmbeddedLog::read(self, topic, partition, offset, max)
     }
+
+    fn delete_topics(&self, topics: &[String]) -> Result<()> {
+        for t in topics {
+            self.delete_topic(t)?;
+        }
+        Ok(())
+    }
 }
 
 impl PartitionLog {
@@ -335,7 +424,7 @@ impl PartitionLog {
             .open(path)?;
         let len = file.metadata()?.len();
         let mut positions = Vec::new();
-        let mut producers: HashMap<String, u64> = HashMap::new();
+        let mut producers: HashMap<String, ProducerState> = HashMap::new();
         let mut reader = BufReader::with_capacity(1 << 20, &file);
         let mut pos = 0u64;
         let mut frame = Vec::new();
@@ -359,9 +448,26 @@ impl PartitionLog {
             let Some(((_, producer), _)) = decode_frame(&whole) else {
                 break;
             };
-            if let Some((id, seq)) = producer {
-                let e = producers.entry(id).or_insert(seq);
-                *e = (*e).max(seq);
+            if let Some(fp) = producer {
+                let (index, count) = fp.part.unwrap_or((0, u32::MAX));
+                let e = producers.entry(fp.id).or_insert(ProducerState {
+                    seq: fp.seq,
+                    frames: 0,
+                    count,
+                });
+                if fp.seq > e.seq {
+                    *e = ProducerState {
+                        seq: fp.seq,
+                        frames: 0,
+                        count,
+                    };
+                }
+                if fp.seq == e.seq {
+                    e.frames = e.frames.max(index + 1);
+                    if count == u32::MAX {
+                        e.frames = u32::MAX;
+                    }
+                }
             }
             positions.push(pos);
             pos += 8 + body_len;
@@ -393,7 +499,7 @@ fn put_bytes(buf: &mut Vec<u8>, b: Option<&[u8]>) {
     }
 }
 
-fn encode_frame(buf: &mut Vec<u8>, r: &Record, producer: Option<(&str, u64)>) {
+fn encode_frame(buf: &mut Vec<u8>, r: &Record, producer: Option<(&str, u64, u32, u32)>) {
     let head = buf.len();
     buf.extend_from_slice(&[0u8; 8]);
     let body = buf.len();
@@ -407,9 +513,11 @@ fn encode_frame(buf: &mut Vec<u8>, r: &Record, producer: Option<(&str, u64)>) {
     }
     match producer {
         None => put_bytes(buf, None),
-        Some((id, seq)) => {
+        Some((id, seq, index, count)) => {
             put_bytes(buf, Some(id.as_bytes()));
             buf.extend_from_slice(&seq.to_le_bytes());
+            buf.extend_from_slice(&index.to_le_bytes());
+            buf.extend_from_slice(&count.to_le_bytes());
         }
     }
     let len = (buf.len() - body) as u32;
@@ -445,7 +553,7 @@ impl<'a> Cursor<'a> {
     }
 }
 
-type Decoded = (Record, Option<(String, u64)>);
+type Decoded = (Record, Option<FrameProducer>);
 
 /// Appends `r` to `buf` in the log's frame format (used for the task outbox too).
 pub(crate) fn encode_record(buf: &mut Vec<u8>, r: &Record) {
@@ -479,7 +587,17 @@ fn decode_frame(b: &[u8]) -> Option<(Decoded, usize)> {
     }
     let producer = match c.bytes()? {
         None => None,
-        Some(id) => Some((String::from_utf8_lossy(id).into_owned(), c.u64()?)),
+        Some(id) => {
+            let id = String::from_utf8_lossy(id).into_owned();
+            let seq = c.u64()?;
+            // Frames written before frames carried their place in the append end here.
+            let part = if c.pos < body.len() {
+                Some((c.u32()?, c.u32()?))
+            } else {
+                None
+            };
+            Some(FrameProducer { id, seq, part })
+        }
     };
     Some((
         (
@@ -570,5 +688,57 @@ mod tests {
             Err(TransportError::NoSuchPartition { .. })
         ));
         assert!(log.ensure_topic("bad/name", 1).is_err());
+    }
+
+    /// A crash that leaves only the first frames of an idempotent append on disk (whole frames,
+    /// or a torn one after them): the re-sent append writes exactly the missing tail.
+    #[test]
+    fn a_torn_append_is_completed_by_its_resend() {
+        for cut_inside_a_frame in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let log = EmbeddedLog::open(dir.path()).unwrap();
+            log.ensure_topic("t", 1).unwrap();
+            let batch: Vec<_> = (0..5)
+                .map(|i| rec(&format!("k{i}"), Some(&format!("v{i}"))))
+                .collect();
+            assert_eq!(
+                log.append("t", 0, &batch, Some(("p", 1)), true).unwrap(),
+                Appended::At(0)
+            );
+            let third = log.p_position("t", 0, 3);
+            drop(log);
+            // Only the first three frames reached the disk (and maybe part of the fourth).
+            let f = OpenOptions::new()
+                .write(true)
+                .open(dir.path().join("t/0.log"))
+                .unwrap();
+            f.set_len(third + if cut_inside_a_frame { 5 } else { 0 })
+                .unwrap();
+            let log = EmbeddedLog::open(dir.path()).unwrap();
+            assert_eq!(log.end_offset("t", 0).unwrap(), 3);
+            assert_eq!(
+                log.append("t", 0, &batch, Some(("p", 1)), true).unwrap(),
+                Appended::At(3)
+            );
+            assert_eq!(
+                log.append("t", 0, &batch, Some(("p", 1)), true).unwrap(),
+                Appended::Duplicate
+            );
+            let all: Vec<_> = log
+                .read("t", 0, 0, 100)
+                .unwrap()
+                .into_iter()
+                .map(|r| r.record)
+                .collect();
+            assert_eq!(all, batch);
+            drop(log);
+            // Reopened, the completed append is known as complete.
+            let log = EmbeddedLog::open(dir.path()).unwrap();
+            assert_eq!(
+                log.append("t", 0, &batch, Some(("p", 1)), true).unwrap(),
+                Appended::Duplicate
+            );
+            assert_eq!(log.end_offset("t", 0).unwrap(), 5);
+        }
     }
 }

@@ -21,16 +21,31 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::{LogRecord, Record, TopicKind, Transport, TransportError, validate_topic_name};
 
-/// How to reach the cluster: `--kafka` and the repeatable `--kafka-config key=value`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How to reach the cluster: `--kafka` and the repeatable `--kafka-config key=value`, and how
+/// baton's topics are replicated.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct KafkaConfig {
     /// `bootstrap.servers`.
     pub bootstrap: String,
     /// Extra librdkafka settings, applied to every client (they win over baton's defaults).
     pub settings: Vec<(String, String)>,
+    /// Replication factor of the topics baton creates (`--replication-factor`); `None` takes the
+    /// broker's `default.replication.factor`.
+    pub replication_factor: Option<u16>,
+    /// `min.insync.replicas` of baton's own topics (`--min-insync-replicas`); `None` is
+    /// `min(2, replication factor)`.
+    pub min_insync_replicas: Option<u16>,
 }
 
 impl KafkaConfig {
+    /// Settings for `bootstrap` with baton's defaults.
+    pub fn new(bootstrap: impl Into<String>) -> Self {
+        KafkaConfig {
+            bootstrap: bootstrap.into(),
+            ..Default::default()
+        }
+    }
+
     /// A client config with baton's defaults for `role`, then the user's settings.
     fn client(&self, defaults: &[(&str, &str)]) -> ClientConfig {
         let mut cfg = ClientConfig::new();
@@ -71,6 +86,21 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
 
 fn kerr(what: &str, e: impl std::fmt::Display) -> TransportError {
     TransportError::Kafka(format!("{what}: {e}"))
+}
+
+/// True for the error codes with which Kafka refuses a record for good: retrying the same
+/// record can never succeed.
+fn refuses_for_good(code: Option<RDKafkaErrorCode>) -> bool {
+    matches!(
+        code,
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::InvalidMessageSize
+                | RDKafkaErrorCode::InvalidMessage
+                | RDKafkaErrorCode::InvalidTimestamp
+                | RDKafkaErrorCode::InvalidRecord
+        )
+    )
 }
 
 /// Errors talking to Kafka.
@@ -126,10 +156,15 @@ impl KafkaAdmin {
         &self,
         name: &str,
         partitions: u32,
+        replication: i32,
         configs: &[(&str, &str)],
     ) -> Result<bool, KafkaError> {
         validate_topic_name(name)?;
-        let mut topic = NewTopic::new(name, partitions as i32, TopicReplication::Fixed(1));
+        let mut topic = NewTopic::new(
+            name,
+            partitions as i32,
+            TopicReplication::Fixed(replication),
+        );
         for (k, v) in configs {
             topic = topic.set(k, v);
         }
@@ -163,6 +198,97 @@ impl KafkaAdmin {
                 "creating topic `{name}`: no answer"
             ))),
         }
+    }
+
+    /// The configuration of a topic as the broker reports it (every entry, defaults included).
+    pub fn topic_configs(&self, name: &str) -> Result<HashMap<String, String>, KafkaError> {
+        self.configs(rdkafka::admin::ResourceSpecifier::Topic(name))
+    }
+
+    /// The settings set on a topic itself (not inherited from the broker's defaults).
+    pub fn topic_overrides(&self, name: &str) -> Result<HashMap<String, String>, KafkaError> {
+        Ok(self
+            .describe(rdkafka::admin::ResourceSpecifier::Topic(name))?
+            .into_iter()
+            .filter(|e| e.source == rdkafka::admin::ConfigSource::DynamicTopic)
+            .filter_map(|e| e.value.map(|v| (e.name, v)))
+            .collect())
+    }
+
+    /// Grows a topic to `total` partitions.
+    pub fn grow_partitions(&self, name: &str, total: u32) -> Result<(), KafkaError> {
+        let np = rdkafka::admin::NewPartitions::new(name, total as usize);
+        let opts = AdminOptions::new().operation_timeout(Some(self.timeout));
+        for r in block_on(self.admin.create_partitions([&np], &opts))
+            .map_err(|e| KafkaError::Broker(e.to_string()))?
+        {
+            r.map_err(|(_, e)| KafkaError::Broker(format!("growing `{name}`: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Sets configs of a topic (those not named fall back to the broker's defaults).
+    pub fn set_topic_configs(
+        &self,
+        name: &str,
+        configs: &[(&str, &str)],
+    ) -> Result<(), KafkaError> {
+        let mut alter =
+            rdkafka::admin::AlterConfig::new(rdkafka::admin::ResourceSpecifier::Topic(name));
+        for (k, v) in configs {
+            alter = alter.set(k, v);
+        }
+        let opts = AdminOptions::new().request_timeout(Some(self.timeout));
+        for r in block_on(self.admin.alter_configs([&alter], &opts))
+            .map_err(|e| KafkaError::Broker(e.to_string()))?
+        {
+            r.map_err(|(_, e)| KafkaError::Broker(format!("altering `{name}`: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// The configuration of one broker.
+    pub fn broker_configs(&self, broker: i32) -> Result<HashMap<String, String>, KafkaError> {
+        self.configs(rdkafka::admin::ResourceSpecifier::Broker(broker))
+    }
+
+    fn configs(
+        &self,
+        what: rdkafka::admin::ResourceSpecifier<'_>,
+    ) -> Result<HashMap<String, String>, KafkaError> {
+        Ok(self
+            .describe(what)?
+            .into_iter()
+            .filter_map(|e| e.value.map(|v| (e.name, v)))
+            .collect())
+    }
+
+    fn describe(
+        &self,
+        what: rdkafka::admin::ResourceSpecifier<'_>,
+    ) -> Result<Vec<rdkafka::admin::ConfigEntry>, KafkaError> {
+        let opts = AdminOptions::new().request_timeout(Some(self.timeout));
+        let res = block_on(self.admin.describe_configs([&what], &opts))
+            .map_err(|e| KafkaError::Broker(e.to_string()))?;
+        let resource = res
+            .into_iter()
+            .next()
+            .ok_or_else(|| KafkaError::Broker(format!("no configs for {what:?}")))?
+            .map_err(|e| KafkaError::Broker(format!("configs of {what:?}: {e}")))?;
+        Ok(resource.entries)
+    }
+
+    /// The id of a broker of the cluster.
+    pub fn any_broker(&self) -> Result<i32, KafkaError> {
+        let md = self
+            .admin
+            .inner()
+            .fetch_metadata(None, self.timeout)
+            .map_err(|e| KafkaError::Broker(e.to_string()))?;
+        md.brokers()
+            .first()
+            .map(|b| b.id())
+            .ok_or_else(|| KafkaError::Broker("the cluster metadata lists no broker".into()))
     }
 
     /// Every topic of the cluster with its partition count, sorted by name.
@@ -330,6 +456,11 @@ fn send_record_with<'a, O: rdkafka::util::IntoOpaque>(
                 rec = back;
                 wait();
             }
+            Err((e, _)) if refuses_for_good(e.rdkafka_error_code()) => {
+                return Err(TransportError::Refused(format!(
+                    "producing to {topic}/{partition}: {e}"
+                )));
+            }
             Err((e, _)) => return Err(kerr(&format!("producing to {topic}/{partition}"), e)),
         }
     }
@@ -340,6 +471,8 @@ fn send_record_with<'a, O: rdkafka::util::IntoOpaque>(
 pub struct KafkaTransport {
     config: KafkaConfig,
     admin: KafkaAdmin,
+    /// Replication factor of created topics (the broker's default unless configured).
+    replication: u16,
     producer: BaseProducer<AppendContext>,
     reader: Mutex<BaseConsumer>,
 }
@@ -372,21 +505,81 @@ impl KafkaTransport {
             .client(&[CONSUMER_DEFAULTS, &[("group.id", "baton.reader")]].concat())
             .create()
             .map_err(|e| kerr("consumer", e))?;
-        let t = KafkaTransport {
+        admin
+            .topics()
+            .map_err(|e| kerr(&format!("no broker answered at {}", config.bootstrap), e))?;
+        let replication = match config.replication_factor {
+            Some(rf) => rf,
+            None => {
+                let broker = admin.any_broker().map_err(|e| kerr("metadata", e))?;
+                let configs = admin
+                    .broker_configs(broker)
+                    .map_err(|e| kerr("broker configs", e))?;
+                configs
+                    .get("default.replication.factor")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(1)
+            }
+        };
+        if replication == 0 {
+            return Err(TransportError::Misconfigured(
+                "--replication-factor must be at least 1".into(),
+            ));
+        }
+        if let Some(m) = config.min_insync_replicas
+            && (m == 0 || m > replication)
+        {
+            return Err(TransportError::Misconfigured(format!(
+                "--min-insync-replicas {m} must be between 1 and the replication factor ({replication})"
+            )));
+        }
+        tracing::info!(
+            replication,
+            min_insync = config.min_insync_replicas.unwrap_or(replication.min(2)),
+            "topics baton creates are replicated"
+        );
+        Ok(KafkaTransport {
             config,
             admin,
+            replication,
             producer,
             reader: Mutex::new(reader),
-        };
-        t.admin
-            .topics()
-            .map_err(|e| kerr(&format!("no broker answered at {}", t.config.bootstrap), e))?;
-        Ok(t)
+        })
     }
 
     /// The connection settings.
     pub fn config(&self) -> &KafkaConfig {
         &self.config
+    }
+
+    /// The admin client.
+    pub fn admin(&self) -> &KafkaAdmin {
+        &self.admin
+    }
+
+    /// The replication factor of the topics baton creates.
+    pub fn replication(&self) -> u16 {
+        self.replication
+    }
+
+    /// Refuses a changelog whose `cleanup.policy` is not `compact`: restore would miss keys
+    /// whose last write was deleted by retention.
+    pub fn check_compacted(&self, topic: &str) -> Result<(), TransportError> {
+        let configs = self
+            .admin
+            .topic_configs(topic)
+            .map_err(|e| kerr(&format!("configs of `{topic}`"), e))?;
+        let policy = configs.get("cleanup.policy").cloned().unwrap_or_default();
+        if policy.split(',').any(|p| p.trim() == "compact") {
+            Ok(())
+        } else {
+            Err(TransportError::Misconfigured(format!(
+                "changelog topic `{topic}` has cleanup.policy={policy}, but a changelog must be \
+                 compacted (cleanup.policy=compact), or restore loses keys; fix it with \
+                 kafka-configs --alter --entity-type topics --entity-name {topic} \
+                 --add-config cleanup.policy=compact"
+            )))
+        }
     }
 
     /// A consumer with baton's defaults and `group.id`, for a partition's input.
@@ -443,16 +636,32 @@ impl Transport for KafkaTransport {
         partitions: u32,
         kind: TopicKind,
     ) -> Result<bool, TransportError> {
-        let configs: &[(&str, &str)] = match kind {
-            TopicKind::Data => &[],
-            TopicKind::Compacted => &[("cleanup.policy", "compact")],
-            TopicKind::Forever => &[("retention.ms", "-1"), ("retention.bytes", "-1")],
+        let mut configs: Vec<(&str, &str)> = match kind {
+            TopicKind::Data | TopicKind::DeadLetters => vec![],
+            TopicKind::Compacted => vec![("cleanup.policy", "compact")],
+            TopicKind::Forever => vec![("retention.ms", "-1"), ("retention.bytes", "-1")],
         };
-        let created = match block_on(self.admin.ensure_topic(topic, partitions, configs)) {
+        let min_insync = self
+            .config
+            .min_insync_replicas
+            .unwrap_or(self.replication.min(2))
+            .to_string();
+        if kind.is_internal() {
+            configs.push(("min.insync.replicas", &min_insync));
+        }
+        let created = match block_on(self.admin.ensure_topic(
+            topic,
+            partitions,
+            i32::from(self.replication),
+            &configs,
+        )) {
             Ok(created) => created,
             Err(KafkaError::Topic(e)) => return Err(e),
             Err(e) => return Err(kerr(&format!("creating topic `{topic}`"), e)),
         };
+        if !created && kind == TopicKind::Compacted {
+            self.check_compacted(topic)?;
+        }
         // Creation is asynchronous in the cluster: wait until the metadata shows every partition.
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -484,6 +693,63 @@ impl Transport for KafkaTransport {
             .filter(|t| !t.name.starts_with("__"))
             .map(|t| (t.name, t.partitions))
             .collect())
+    }
+
+    /// The topic's `max.message.bytes` (a record batch's limit) and the producer's own
+    /// `message.max.bytes`, whichever is smaller, less 1 KiB for the batch and record framing.
+    fn max_record_bytes(&self, topic: &str) -> Result<Option<usize>, TransportError> {
+        let configs = self
+            .admin
+            .topic_configs(topic)
+            .map_err(|e| kerr(&format!("configs of `{topic}`"), e))?;
+        let topic_max: usize = configs
+            .get("max.message.bytes")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1_048_588);
+        let client_max: usize = self
+            .config
+            .settings
+            .iter()
+            .find(|(k, _)| k == "message.max.bytes")
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(1_000_000);
+        Ok(Some(topic_max.min(client_max).saturating_sub(1024)))
+    }
+
+    fn delete_topics(&self, topics: &[String]) -> Result<(), TransportError> {
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        block_on(self.admin.delete_topics(&names)).map_err(|e| kerr("deleting topics", e))?;
+        // Deletion completes in the background: wait until the metadata no longer shows them,
+        // so that the names can be used again at once.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for t in topics {
+            while self
+                .admin
+                .topic(t)
+                .map_err(|e| kerr("metadata", e))?
+                .is_some()
+            {
+                if Instant::now() > deadline {
+                    return Err(kerr(&format!("deleting `{t}`"), "still there after 60 s"));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(())
+    }
+
+    fn delete_group(&self, group: &str) -> Result<(), TransportError> {
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        let res = block_on(self.admin.admin.delete_groups(&[group], &opts))
+            .map_err(|e| kerr(&format!("deleting group `{group}`"), e))?;
+        for r in res {
+            if let Err((_, code)) = r
+                && code != RDKafkaErrorCode::GroupIdNotFound
+            {
+                return Err(kerr(&format!("deleting group `{group}`"), code));
+            }
+        }
+        Ok(())
     }
 
     fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, TransportError> {
@@ -748,8 +1014,8 @@ struct OffsetContext {
 struct Delivered {
     /// Highest offset per topic partition.
     offsets: HashMap<(String, u32), u64>,
-    /// The first delivery error.
-    error: Option<String>,
+    /// The first delivery error, and whether Kafka refused that record for good.
+    error: Option<(String, bool)>,
 }
 
 impl ClientContext for OffsetContext {}
@@ -773,10 +1039,9 @@ impl ProducerContext for OffsetContext {
             }
             Err((err, m)) => {
                 if st.error.is_none() {
-                    st.error = Some(format!(
-                        "delivery to {}/{} failed: {err}",
-                        m.topic(),
-                        m.partition()
+                    st.error = Some((
+                        format!("delivery to {}/{} failed: {err}", m.topic(), m.partition()),
+                        refuses_for_good(err.rdkafka_error_code()),
                     ));
                 }
             }
@@ -851,8 +1116,10 @@ impl BatchProducer {
             }
         }
         let offsets = std::mem::take(&mut st.offsets);
-        if let Some(e) = st.error.take() {
-            return Err(TransportError::Kafka(e));
+        match st.error.take() {
+            Some((e, true)) => return Err(TransportError::Refused(e)),
+            Some((e, false)) => return Err(TransportError::Kafka(e)),
+            None => {}
         }
         Ok(offsets)
     }

@@ -55,6 +55,10 @@ pub enum TransportError {
         /// Partitions wanted.
         wanted: u32,
     },
+    /// The topic exists with a setting baton cannot work with (e.g. a changelog that is not
+    /// compacted); the message names the setting and how to fix it.
+    #[error("{0}")]
+    Misconfigured(String),
     /// The name is not a valid topic name.
     #[error(
         "invalid topic name `{0}`: use 1 to 249 characters of ASCII letters, digits, '.', '_' and '-'"
@@ -69,17 +73,31 @@ pub enum TransportError {
     /// Kafka refused or did not answer.
     #[error("kafka: {0}")]
     Kafka(String),
+    /// Kafka refused a record for good (too large, an invalid timestamp, a corrupt record): no
+    /// retry of the same record can succeed.
+    #[error("kafka refused a record: {0}")]
+    Refused(String),
 }
 
 /// What a topic is for, which decides its retention on Kafka.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TopicKind {
-    /// Input, output and dead-letter topics: the broker's default retention.
+    /// Input and output topics: the broker's defaults.
     Data,
+    /// Dead letters: the broker's default retention, baton's own durability settings.
+    DeadLetters,
     /// Changelogs: compacted, so the latest value of every key is kept.
     Compacted,
     /// The control log and module chunks: kept forever.
     Forever,
+}
+
+impl TopicKind {
+    /// True for baton's own topics (all but inputs and outputs), which get
+    /// `min.insync.replicas` on Kafka.
+    pub fn is_internal(self) -> bool {
+        self != TopicKind::Data
+    }
 }
 
 /// What the host needs from a log, served by the embedded log and by Kafka alike: topics,
@@ -108,6 +126,18 @@ pub trait Transport: Send + Sync {
         partition: u32,
         records: &[Record],
     ) -> Result<u64, TransportError>;
+    /// Most bytes of key, value and headers one record of `topic` may have, framing left out;
+    /// `None` when the transport sets no limit (the embedded log).
+    fn max_record_bytes(&self, _topic: &str) -> Result<Option<usize>, TransportError> {
+        Ok(None)
+    }
+    /// Deletes topics (missing ones are ignored) and returns once they are gone.
+    fn delete_topics(&self, topics: &[String]) -> Result<(), TransportError>;
+    /// Deletes a consumer group's committed offsets (nothing on the embedded log, which keeps
+    /// input offsets in the partitions' state).
+    fn delete_group(&self, _group: &str) -> Result<(), TransportError> {
+        Ok(())
+    }
     /// Reads up to `max` committed records from `offset` on.
     fn read(
         &self,

@@ -1,5 +1,6 @@
-//! Kafka's default partitioner, so that a key lands in the same slot whether it was produced
-//! through baton or by any Kafka client.
+//! The partitioners of Kafka's clients, so that a key's slot can be found whoever produced it:
+//! murmur2 is the Java client's default (and baton's, when it produces), CRC32 is the default of
+//! every librdkafka-based client (`consistent_random`: Python, Go, C, .NET, Rust's rdkafka).
 
 /// Kafka's murmur2 hash (`org.apache.kafka.common.utils.Utils.murmur2`).
 pub fn murmur2(data: &[u8]) -> i32 {
@@ -47,9 +48,73 @@ pub fn partition_for_key(key: &[u8], partitions: u32) -> u32 {
     ((murmur2(key) & 0x7fff_ffff) as u32) % partitions.max(1)
 }
 
+/// The partition (slot) librdkafka's default partitioner gives a keyed record:
+/// `crc32(key) % partitions` (`consistent_random` hashes keys with CRC-32 and randomises only
+/// records without a key).
+pub fn crc32_partition_for_key(key: &[u8], partitions: u32) -> u32 {
+    crc32fast::hash(key) % partitions.max(1)
+}
+
+/// How a pipeline's producers place keys, so that a lookup knows where to look (`partitioner` in
+/// the pipeline spec).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Partitioner {
+    /// Java clients' default (and baton's produce API): a lookup reads one slot.
+    Murmur2,
+    /// librdkafka clients' default: a lookup reads one slot.
+    Crc32,
+    /// Producers of any kind (default): a lookup reads the murmur2 slot first, then every other.
+    #[default]
+    Any,
+}
+
+impl Partitioner {
+    /// The slots where `key` may be, in the order a lookup reads them.
+    pub fn slots_for_key(self, key: &[u8], slots: u32) -> Vec<u32> {
+        let murmur = partition_for_key(key, slots);
+        match self {
+            Partitioner::Murmur2 => vec![murmur],
+            Partitioner::Crc32 => vec![crc32_partition_for_key(key, slots)],
+            Partitioner::Any => {
+                let crc = crc32_partition_for_key(key, slots);
+                let mut v = vec![murmur];
+                if crc != murmur {
+                    v.push(crc);
+                }
+                v.extend((0..slots).filter(|s| *s != murmur && *s != crc));
+                v
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn crc32_matches_librdkafka() {
+        // librdkafka's rd_crc32 is the IEEE CRC-32 (zlib's): crc32("123456789") = 0xCBF43926.
+        assert_eq!(crc32fast::hash(b"123456789"), 0xCBF4_3926);
+        assert_eq!(crc32_partition_for_key(b"123456789", 7), 0xCBF4_3926 % 7);
+        let any = Partitioner::Any.slots_for_key(b"k", 8);
+        assert_eq!(any.len(), 8);
+        assert_eq!(any[0], partition_for_key(b"k", 8));
+        let mut sorted = any.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..8).collect::<Vec<_>>());
+    }
 
     #[test]
     fn matches_kafka_reference_values() {
