@@ -14,16 +14,19 @@ use serde::Serialize;
 
 use crate::cluster::pipeline::{changelog_topic, dlq_topic};
 use crate::cluster::{
-    Catalog, ControlEvent, ModuleRecord, PipelineRecord, PipelineSpec, Start, SwapRecord, now_ms,
+    Catalog, ControlEvent, ModuleDeletion, ModuleRecord, PipelineDeletion, PipelineRecord,
+    PipelineSpec, PipelineUpdate, Start, SwapRecord, now_ms,
 };
 use crate::error::{Error, Result};
-use crate::runtime::{Module, NativeModule, Runtime, WIT_PACKAGE, WIT_VERSION};
+use crate::runtime::{
+    Module, NativeModule, OutputTopic, Runtime, WIT_PACKAGE, WIT_VERSION, WriteLimits,
+};
 use crate::state::{PartitionDb, StateEnv, slot_key};
 use crate::task::kafka::KafkaIo;
 use crate::task::{
     EmbeddedIo, Event, EventLog, IoFactory, LoopTimeMs, ModuleTarget, PartitionIo, PartitionStatus,
-    PartitionTask, Phase, RestoreProgress, RollbackHook, SlotProgress, SwapOutcome, SwapReport,
-    TaskConfig,
+    PartitionTask, Phase, RestoreProgress, RollbackHook, Settings, SlotProgress, SwapOutcome,
+    SwapReport, TaskConfig,
 };
 use crate::transport::embedded::EmbeddedLog;
 use crate::transport::kafka::{KafkaConfig, KafkaTransport};
@@ -145,6 +148,39 @@ pub struct PipelineInfo {
     pub created_at: i64,
     /// The last swaps of its module version, with the reason of automatic rollbacks.
     pub swaps: Vec<SwapRecord>,
+    /// `starting`, `running`, `failed` or `deleting`.
+    pub phase: PipelinePhase,
+    /// Why it failed, when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// What a pipeline is doing, as `GET /api/v1/pipelines/{p}` shows it.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum PipelinePhase {
+    /// Its partitions are starting or restoring.
+    Starting,
+    /// Every partition runs.
+    Running,
+    /// It could not start, or a partition failed for good; `reason` says why.
+    Failed,
+    /// It is being deleted.
+    Deleting,
+}
+
+/// The body of `PATCH /api/v1/pipelines/{p}`: what to change; what is absent stays.
+#[derive(Debug, Clone, Default, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PipelinePatch {
+    /// New guest limits (all of them: absent fields take their defaults).
+    pub limits: Option<crate::cluster::pipeline::GuestLimits>,
+    /// New config for `init`.
+    pub config: Option<serde_json::Map<String, serde_json::Value>>,
+    /// New swap policy.
+    pub swap: Option<crate::task::SwapPolicy>,
+    /// New WASI grants.
+    pub wasi: Option<crate::runtime::host::WasiGrants>,
 }
 
 /// The answer to a hot swap.
@@ -239,6 +275,28 @@ pub struct Lookup {
     pub owner: String,
     /// True while the partition restores: the value may be older than the changelog.
     pub restoring: bool,
+    /// Every slot holding the key (producers with different partitioners put a key in several
+    /// slots), in the order searched: the murmur2 slot first. Absent in scan pages.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub matches: Vec<LookupMatch>,
+}
+
+/// One slot holding a looked-up key.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct LookupMatch {
+    /// The slot.
+    pub slot: u32,
+    /// The partition owning it.
+    pub partition: String,
+    /// The host owning the partition.
+    pub owner: String,
+    /// The value as UTF-8, or null when it is not UTF-8.
+    pub value: Option<String>,
+    /// The value in base64.
+    pub value_base64: String,
+    /// The value as a counter, when it has 8 bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value_i64: Option<i64>,
 }
 
 /// One record to produce.
@@ -285,8 +343,15 @@ pub struct Baton {
     /// Itself, for the hooks partitions call back through.
     me: std::sync::Weak<Baton>,
     round_robin: AtomicU32,
-    /// Serialises control-plane changes (uploads, pipeline creation).
+    /// Serialises control-plane changes: held only around a log append and its apply, never
+    /// across topic creation or module chunk appends.
     control: Mutex<()>,
+    /// Pipeline names whose creation or deletion is in progress.
+    creating: Mutex<std::collections::BTreeSet<String>>,
+    /// Pipelines being deleted.
+    deleting: Mutex<std::collections::BTreeSet<String>>,
+    /// Pipelines whose partitions could not start here, with the reason.
+    start_failures: RwLock<BTreeMap<String, String>>,
 }
 
 impl Baton {
@@ -308,38 +373,13 @@ impl Baton {
         let state = Arc::new(StateEnv::new(config.state_memory));
         let runtime = Runtime::new(config.data_dir.join("compiled"))?;
         std::fs::create_dir_all(config.data_dir.join("modules"))?;
-        anyhow::ensure!(
-            !config.cluster.is_empty()
-                && config.cluster.len() <= 64
-                && config
-                    .cluster
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)),
-            "invalid cluster name `{}`: use 1 to 64 ASCII letters, digits, '-', '_' and '.'",
-            config.cluster
-        );
+        crate::cluster::names::check_cluster(&config.cluster).map_err(anyhow::Error::msg)?;
         let control_topic = format!("{}.control", config.cluster);
         let modules_topic = format!("{}.modules", config.cluster);
         transport.ensure_topic(&control_topic, 1, TopicKind::Forever)?;
         // Module bytes in chunks keyed `<sha256>:<i>:<n>`: compaction keeps every chunk.
         transport.ensure_topic(&modules_topic, 1, TopicKind::Compacted)?;
-        let mut catalog = Catalog::default();
-        let end = transport.end_offset(&control_topic, 0)?;
-        let mut offset = 0;
-        while offset < end {
-            let records = transport.read(&control_topic, 0, offset, 1024)?;
-            if records.is_empty() {
-                break;
-            }
-            for r in records {
-                offset = r.offset + 1;
-                let bytes = r.record.value.unwrap_or_default();
-                let event: ControlEvent = serde_json::from_slice(&bytes).map_err(|e| {
-                    anyhow::anyhow!("control log record {} does not parse: {e}", r.offset)
-                })?;
-                catalog.apply(event);
-            }
-        }
+        let catalog = replay_control(transport.as_ref(), &control_topic, CONTROL_REPLAY_STALL)?;
         let baton = Arc::new_cyclic(|me| Baton {
             me: me.clone(),
             resolver: Box::new(LocalResolver),
@@ -358,6 +398,9 @@ impl Baton {
             partitions: RwLock::new(BTreeMap::new()),
             round_robin: AtomicU32::new(0),
             control: Mutex::new(()),
+            creating: Mutex::new(Default::default()),
+            deleting: Mutex::new(Default::default()),
+            start_failures: RwLock::new(BTreeMap::new()),
         });
         for m in &baton.config.native_modules {
             baton.modules.write().insert(m.address(), Module::native(m));
@@ -374,11 +417,19 @@ impl Baton {
         }
         let pipelines: Vec<PipelineRecord> = catalog.pipelines.values().cloned().collect();
         *baton.catalog.lock() = catalog;
+        // A pipeline that cannot start here shows `failed` with the reason; the others run.
         for p in pipelines {
-            baton.start_pipeline(Arc::new(p))?;
+            baton.start_or_record(Arc::new(p));
         }
         tracing::info!(data_dir = %baton.config.data_dir.display(), "baton host open");
         Ok(baton)
+    }
+
+    /// Holds the control lock, as a long admin call does (tests only: no partition may stall
+    /// behind it).
+    #[doc(hidden)]
+    pub fn hold_control_for_test(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.control.lock()
     }
 
     /// The host's settings.
@@ -468,12 +519,7 @@ impl Baton {
     /// Validates a component against the world, stores it by content and registers
     /// `name`/`version`. Re-uploading identical bytes under the same name and version is a no-op.
     pub fn upload_module(&self, name: &str, version: &str, bytes: &[u8]) -> Result<ModuleRecord> {
-        let ok = |s: &str| {
-            !s.is_empty()
-                && s.len() <= 64
-                && s.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-        };
+        let ok = crate::cluster::names::is_dotted_name;
         if !ok(name) {
             return Err(Error::BadRequest(format!(
                 "invalid module name `{name}`: use 1 to 64 ASCII letters, digits, '-', '_' and '.'"
@@ -485,22 +531,24 @@ impl Baton {
             )));
         }
         let module = self.runtime.load(bytes)?;
-        let _g = self.control.lock();
-        if let Some(existing) = self
-            .catalog
-            .lock()
-            .modules
-            .get(&(name.to_string(), version.to_string()))
-        {
-            return if existing.sha256 == module.sha256 {
+        let conflict = |catalog: &Catalog| -> Option<Result<ModuleRecord>> {
+            let existing = catalog
+                .modules
+                .get(&(name.to_string(), version.to_string()))?;
+            Some(if existing.sha256 == module.sha256 {
                 Ok(existing.clone())
             } else {
                 Err(Error::Conflict(format!(
                     "module {name} version {version} already exists with other content (sha256 {}); upload under a new version",
                     existing.sha256
                 )))
-            };
+            })
+        };
+        if let Some(answer) = conflict(&self.catalog.lock()) {
+            return answer;
         }
+        // The bytes are content-addressed, so storing them needs no lock: no partition or
+        // other admin call waits behind the chunks' appends.
         let path = self.module_path(&module.sha256);
         if !path.exists() {
             write_file(&path, bytes)
@@ -516,17 +564,13 @@ impl Baton {
             // Every host of the cluster can fetch it from the log: no shared filesystem.
             let chunks: Vec<&[u8]> = bytes.chunks(MODULE_CHUNK).collect();
             let n = chunks.len();
-            let records: Vec<Record> = chunks
-                .into_iter()
-                .enumerate()
-                .map(|(i, c)| Record {
+            for (i, c) in chunks.into_iter().enumerate() {
+                let r = Record {
                     key: Some(format!("{}:{i}:{n}", module.sha256).into_bytes()),
                     value: Some(c.to_vec()),
                     headers: vec![],
                     timestamp: now_ms(),
-                })
-                .collect();
-            for r in records {
+                };
                 self.transport
                     .append(&self.modules_topic, 0, std::slice::from_ref(&r))?;
             }
@@ -539,6 +583,10 @@ impl Baton {
             wit: format!("{WIT_PACKAGE}@{WIT_VERSION}"),
             uploaded_at: now_ms(),
         };
+        let _g = self.control.lock();
+        if let Some(answer) = conflict(&self.catalog.lock()) {
+            return answer;
+        }
         self.append_control(&ControlEvent::Module(record.clone()))?;
         self.modules.write().insert(module.sha256.clone(), module);
         self.catalog
@@ -556,13 +604,24 @@ impl Baton {
     /// Creates a pipeline: checks the spec, creates missing topics, records it in the control
     /// log and starts its partitions.
     pub fn create_pipeline(&self, spec: PipelineSpec) -> Result<PipelineInfo> {
-        spec.validate().map_err(Error::BadRequest)?;
-        let _g = self.control.lock();
+        spec.validate(&self.config.cluster)
+            .map_err(Error::BadRequest)?;
+        // The name is reserved while its topics are checked and created, without holding the
+        // control lock across those broker round trips.
+        let _reservation = self.reserve_name(&spec.name)?;
         let sha256 = {
             let catalog = self.catalog.lock();
             if catalog.pipelines.contains_key(&spec.name) {
                 return Err(Error::Conflict(format!(
                     "pipeline `{}` already exists",
+                    spec.name
+                )));
+            }
+            if catalog.deleted.contains_key(&spec.name) {
+                return Err(Error::Conflict(format!(
+                    "pipeline `{0}` was deleted, but its state (changelogs, dead letters, input \
+                     offsets) still exists, so the name is taken; \
+                     DELETE /api/v1/pipelines/{0}?purge=true to delete the state and free the name",
                     spec.name
                 )));
             }
@@ -593,8 +652,8 @@ impl Baton {
             .inputs
             .iter()
             .chain(spec.outputs.iter())
-            .chain([&dlq])
             .map(|t| (t.clone(), TopicKind::Data))
+            .chain([(dlq.clone(), TopicKind::DeadLetters)])
             .collect();
         if self.kafka.is_some() {
             topics.extend(spec.stores.iter().map(|s| {
@@ -651,14 +710,216 @@ impl Baton {
             prefix: self.config.cluster.clone(),
             swaps: Vec::new(),
         };
-        self.append_control(&ControlEvent::Pipeline(record.clone()))?;
-        self.catalog
-            .lock()
-            .apply(ControlEvent::Pipeline(record.clone()));
-        let info = pipeline_info(&record);
-        self.start_pipeline(Arc::new(record))
-            .map_err(|e| Error::Internal(format!("{e:#}")))?;
-        Ok(info)
+        {
+            // The log's or nobody's: applied only once appended.
+            let _g = self.control.lock();
+            self.append_control(&ControlEvent::Pipeline(record.clone()))?;
+            self.catalog
+                .lock()
+                .apply(ControlEvent::Pipeline(record.clone()));
+        }
+        // The pipeline exists now; a failure to start is its phase, not the call's.
+        self.start_or_record(Arc::new(record.clone()));
+        Ok(self.pipeline_info(&record))
+    }
+
+    /// Starts a pipeline's partitions here; a failure is kept as the pipeline's phase.
+    fn start_or_record(&self, record: Arc<PipelineRecord>) {
+        let name = record.spec.name.clone();
+        match self.start_pipeline(record) {
+            Ok(()) => {
+                self.start_failures.write().remove(&name);
+            }
+            Err(e) => {
+                let reason = format!("starting its partitions failed: {e:#}");
+                tracing::error!(pipeline = %name, "{reason}");
+                self.start_failures.write().insert(name, reason);
+            }
+        }
+    }
+
+    /// Reserves a pipeline name for a creation in progress; released when dropped.
+    fn reserve_name(&self, name: &str) -> Result<NameReservation<'_>> {
+        if !self.creating.lock().insert(name.to_string()) {
+            return Err(Error::Conflict(format!(
+                "pipeline `{name}` is being created or deleted by another call"
+            )));
+        }
+        Ok(NameReservation {
+            set: &self.creating,
+            name: name.to_string(),
+        })
+    }
+
+    /// A pipeline's phase: `failed` when its partitions could not start or one failed for
+    /// good, `running` when every partition runs, else `starting`.
+    fn phase(&self, name: &str) -> (PipelinePhase, Option<String>) {
+        if self.deleting.lock().contains(name) {
+            return (PipelinePhase::Deleting, None);
+        }
+        if let Some(reason) = self.start_failures.read().get(name) {
+            return (PipelinePhase::Failed, Some(reason.clone()));
+        }
+        let parts: Vec<_> = self
+            .partitions
+            .read()
+            .values()
+            .filter(|h| h.pipeline == name)
+            .cloned()
+            .collect();
+        let mut all_running = !parts.is_empty();
+        for h in &parts {
+            match &*h.status.phase.lock() {
+                Phase::Failed(e) => {
+                    return (
+                        PipelinePhase::Failed,
+                        Some(format!("partition {} failed: {e}", h.id)),
+                    );
+                }
+                Phase::Running => {}
+                _ => all_running = false,
+            }
+        }
+        if all_running {
+            (PipelinePhase::Running, None)
+        } else {
+            (PipelinePhase::Starting, None)
+        }
+    }
+
+    fn pipeline_info(&self, r: &PipelineRecord) -> PipelineInfo {
+        let (phase, reason) = self.phase(&r.spec.name);
+        PipelineInfo {
+            dlq: r.dlq_topic(),
+            spec: r.spec.clone(),
+            sha256: r.sha256.clone(),
+            created_at: r.created_at,
+            swaps: r.swaps.clone(),
+            phase,
+            reason,
+        }
+    }
+
+    /// Deletes a pipeline: records the deletion in the control log, then stops its partitions.
+    /// With `purge`, also deletes its state (changelogs, dead letters, consumer group, local
+    /// state) and frees the name; without, the name stays taken while the state exists.
+    pub fn delete_pipeline(&self, name: &str, purge: bool) -> Result<PipelineDeletion> {
+        let (record, live) = {
+            let catalog = self.catalog.lock();
+            match (catalog.pipelines.get(name), catalog.deleted.get(name)) {
+                (Some(r), _) => (r.clone(), true),
+                (None, Some(r)) if purge => (r.clone(), false),
+                (None, Some(_)) => {
+                    return Err(Error::Conflict(format!(
+                        "pipeline `{name}` is already deleted; its state still exists: \
+                         DELETE /api/v1/pipelines/{name}?purge=true deletes it"
+                    )));
+                }
+                (None, None) => {
+                    return Err(Error::NotFound(format!("pipeline `{name}` does not exist")));
+                }
+            }
+        };
+        let _reservation = self.reserve_name(name)?;
+        self.deleting.lock().insert(name.to_string());
+        let _deleting = NameReservation {
+            set: &self.deleting,
+            name: name.to_string(),
+        };
+        let deletion = PipelineDeletion {
+            pipeline: name.to_string(),
+            purge,
+            at: now_ms(),
+        };
+        {
+            let _g = self.control.lock();
+            let event = ControlEvent::PipelineDeleted(deletion.clone());
+            self.append_control(&event)?;
+            self.catalog.lock().apply(event);
+        }
+        if live {
+            self.stop_pipeline(name);
+        }
+        if purge {
+            let mut topics: Vec<String> = record
+                .spec
+                .stores
+                .iter()
+                .map(|s| record.changelog_topic(s))
+                .filter(|_| self.kafka.is_some())
+                .collect();
+            topics.push(record.dlq_topic());
+            self.transport.delete_topics(&topics)?;
+            self.transport.delete_group(&record.group_id())?;
+            let dir = self.config.data_dir.join("state").join(name);
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir)
+                    .map_err(|e| Error::Internal(format!("deleting {}: {e}", dir.display())))?;
+            }
+        }
+        tracing::info!(pipeline = name, purge, "pipeline deleted");
+        Ok(deletion)
+    }
+
+    /// Stops a pipeline's partitions here and forgets them.
+    fn stop_pipeline(&self, name: &str) {
+        let parts: Vec<_> = self
+            .partitions
+            .read()
+            .values()
+            .filter(|h| h.pipeline == name)
+            .cloned()
+            .collect();
+        for p in &parts {
+            p.stop.store(true, Ordering::Relaxed);
+        }
+        for p in &parts {
+            if let Some(t) = p.thread.lock().take() {
+                let _ = t.join();
+            }
+        }
+        self.partitions.write().retain(|_, h| h.pipeline != name);
+        self.targets.write().remove(name);
+        self.events.write().remove(name);
+        self.start_failures.write().remove(name);
+    }
+
+    /// Deletes a module version; refused (409) while a pipeline runs it.
+    pub fn delete_module(&self, name: &str, version: &str) -> Result<ModuleDeletion> {
+        let _g = self.control.lock();
+        {
+            let catalog = self.catalog.lock();
+            if !catalog
+                .modules
+                .contains_key(&(name.to_string(), version.to_string()))
+            {
+                return Err(Error::NotFound(format!(
+                    "module `{name}` version `{version}` does not exist"
+                )));
+            }
+            let users: Vec<&str> = catalog
+                .pipelines
+                .values()
+                .filter(|p| p.spec.module == name && p.spec.version == version)
+                .map(|p| p.spec.name.as_str())
+                .collect();
+            if !users.is_empty() {
+                return Err(Error::Conflict(format!(
+                    "module `{name}` version `{version}` is run by pipelines [{}]; swap them to \
+                     another version or delete them first",
+                    users.join(", ")
+                )));
+            }
+        }
+        let deletion = ModuleDeletion {
+            name: name.to_string(),
+            version: version.to_string(),
+            at: now_ms(),
+        };
+        let event = ControlEvent::ModuleDeleted(deletion.clone());
+        self.append_control(&event)?;
+        self.catalog.lock().apply(event);
+        Ok(deletion)
     }
 
     /// Every pipeline.
@@ -667,7 +928,10 @@ impl Baton {
             .lock()
             .pipelines
             .values()
-            .map(pipeline_info)
+            .cloned()
+            .collect::<Vec<_>>()
+            .iter()
+            .map(|r| self.pipeline_info(r))
             .collect()
     }
 
@@ -765,6 +1029,15 @@ impl Baton {
                 }
             })
             .collect();
+        if reason.is_some() {
+            // A partition refused the version: the rollback is recorded on a thread of its own.
+            // Answer once it is in the log and the catalog (or, if it cannot be recorded, at
+            // the deadline), so that the caller reads the pipeline as it is.
+            while target.generation() == generation && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            drop(self.control.lock());
+        }
         if reason.is_none() && target.generation() != generation {
             // An automatic rollback holds the control lock from moving the target until it is
             // recorded: once the lock is ours, its reason is in the catalog.
@@ -810,22 +1083,141 @@ impl Baton {
             return;
         };
         let from = target.get().version;
-        let Some(back) = target.roll_back(generation) else {
+        let Some(back) = target.rollback_target(generation) else {
             return;
         };
         tracing::warn!(pipeline, from = %from, to = %back.version, "automatic rollback: {reason}");
-        let event = ControlEvent::Swap(SwapRecord {
-            pipeline: pipeline.into(),
-            from,
-            version: back.version.clone(),
-            sha256: back.module.sha256.clone(),
-            at: now_ms(),
-            rollback_reason: Some(reason.to_string()),
-        });
+        let current = target.get();
+        let event =
+            if back.module.sha256 == current.module.sha256 && back.version == current.version {
+                // A change of settings was refused: the previous settings go back.
+                ControlEvent::PipelineUpdated(PipelineUpdate {
+                    pipeline: pipeline.into(),
+                    limits: Some(back.settings.limits.clone()),
+                    config: Some(back.settings.config_json.clone()),
+                    swap: Some(back.settings.swap.clone()),
+                    wasi: Some(back.settings.wasi.clone()),
+                    at: now_ms(),
+                    rollback_reason: Some(reason.to_string()),
+                })
+            } else {
+                ControlEvent::Swap(SwapRecord {
+                    pipeline: pipeline.into(),
+                    from,
+                    version: back.version.clone(),
+                    sha256: back.module.sha256.clone(),
+                    at: now_ms(),
+                    rollback_reason: Some(reason.to_string()),
+                })
+            };
+        // The log's or nobody's: without the record, the pipeline stays on the new version,
+        // which each partition keeps refusing on its own until a rollback is recorded.
         if let Err(e) = self.append_control(&event) {
-            tracing::error!(pipeline, "recording the rollback in the control log: {e}");
+            tracing::error!(
+                pipeline,
+                "recording the rollback in the control log failed: {e}"
+            );
+            return;
         }
+        target.roll_back(generation);
         self.catalog.lock().apply(event);
+    }
+
+    /// Changes a running pipeline's limits, config, swap policy or WASI grants: checked (the
+    /// new config must pass the module's `init`), recorded in the control log, then applied at
+    /// each partition's next batch boundary, as a swap is. Waits up to `wait` for every
+    /// partition; `Ok((info, false))` when some had not reached a batch boundary by then.
+    pub fn update_pipeline(
+        &self,
+        name: &str,
+        patch: PipelinePatch,
+        wait: Duration,
+    ) -> Result<(PipelineInfo, bool)> {
+        if patch.limits.is_none()
+            && patch.config.is_none()
+            && patch.swap.is_none()
+            && patch.wasi.is_none()
+        {
+            return Err(Error::BadRequest(
+                "nothing to change: send any of limits, config, swap, wasi".into(),
+            ));
+        }
+        let record = self.pipeline(name)?;
+        let update = PipelineUpdate {
+            pipeline: name.to_string(),
+            limits: patch.limits,
+            config: patch.config,
+            swap: patch.swap,
+            wasi: patch.wasi,
+            at: now_ms(),
+            rollback_reason: None,
+        };
+        let mut spec = record.spec.clone();
+        update.apply_to(&mut spec);
+        spec.validate(&self.config.cluster)
+            .map_err(Error::BadRequest)?;
+        let settings = Settings::of(&spec);
+        let target =
+            self.targets.read().get(name).cloned().ok_or_else(|| {
+                Error::Unavailable(format!("pipeline `{name}` is not running here"))
+            })?;
+        // The new config must pass `init` before anything changes.
+        if let Some(db) = self
+            .partitions
+            .read()
+            .values()
+            .find(|h| h.pipeline == name)
+            .map(|h| h.db.clone())
+        {
+            let ctx = crate::runtime::HostCtx::new(
+                name.into(),
+                db,
+                Arc::new(WriteLimits::default()),
+                settings.limits.memory_bytes as usize,
+                settings.wasi.clone(),
+            );
+            let mut inst = self
+                .runtime
+                .instantiate(&target.get().module, ctx)
+                .map_err(|e| Error::Internal(format!("instantiating for the check: {e:#}")))?;
+            inst.init(&settings.config).map_err(|e| {
+                Error::BadRequest(format!(
+                    "the module's init refuses the new config: {e}; nothing was changed"
+                ))
+            })?;
+        }
+        let generation = {
+            let _g = self.control.lock();
+            let event = ControlEvent::PipelineUpdated(update);
+            self.append_control(&event)?;
+            self.catalog.lock().apply(event);
+            target.set_settings(settings)
+        };
+        tracing::info!(pipeline = name, generation, "pipeline settings changed");
+        let parts: Vec<_> = self
+            .partitions
+            .read()
+            .values()
+            .filter(|h| h.pipeline == name)
+            .cloned()
+            .collect();
+        let deadline = Instant::now() + wait;
+        let applied = loop {
+            let all = parts.iter().all(|h| {
+                h.status
+                    .swap
+                    .last
+                    .lock()
+                    .as_ref()
+                    .is_some_and(|r| r.generation >= generation)
+            });
+            if all || Instant::now() > deadline {
+                break all;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        let record = self.pipeline(name)?;
+        Ok((self.pipeline_info(&record), applied))
     }
 
     /// The content address of a module version (uploaded or native).
@@ -859,16 +1251,35 @@ impl Baton {
                 )
             })?;
         let spec = &record.spec;
-        let mut outputs = std::collections::HashMap::new();
+        let mut limits = WriteLimits {
+            max_key_bytes: spec.limits.max_key_bytes as usize,
+            max_value_bytes: spec.limits.max_value_bytes as usize,
+            ..WriteLimits::default()
+        };
         for t in spec.outputs.iter().chain([&record.dlq_topic()]) {
-            let n = self
+            let partitions = self
                 .transport
                 .partitions(t)?
                 .ok_or_else(|| anyhow::anyhow!("topic `{t}` is missing"))?;
-            outputs.insert(t.clone(), n);
+            let max_record_bytes = self.transport.max_record_bytes(t)?;
+            limits.outputs.insert(
+                t.clone(),
+                OutputTopic {
+                    partitions,
+                    max_record_bytes,
+                },
+            );
         }
-        let outputs = Arc::new(outputs);
-        let target = ModuleTarget::new(spec.version.clone(), module);
+        if self.kafka.is_some() {
+            for s in &spec.stores {
+                let changelog = record.changelog_topic(s);
+                limits
+                    .changelog_record_bytes
+                    .push(self.transport.max_record_bytes(&changelog)?);
+            }
+        }
+        let outputs = Arc::new(limits);
+        let target = ModuleTarget::new(spec.version.clone(), module, Settings::of(spec));
         self.targets
             .write()
             .insert(spec.name.clone(), target.clone());
@@ -876,11 +1287,21 @@ impl Baton {
         self.events
             .write()
             .insert(spec.name.clone(), events.clone());
+        // A partition reports a rollback and goes on at once: recording it takes the control
+        // lock and a log append, which an admin call may hold, so it runs on a thread of its own.
         let on_rollback: RollbackHook = {
             let (me, pipeline) = (self.me.clone(), spec.name.clone());
             Arc::new(move |generation, reason| {
-                if let Some(baton) = me.upgrade() {
-                    baton.auto_rollback(&pipeline, generation, &reason);
+                let (me, pipeline) = (me.clone(), pipeline.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("baton-rollback".into())
+                    .spawn(move || {
+                        if let Some(baton) = me.upgrade() {
+                            baton.auto_rollback(&pipeline, generation, &reason);
+                        }
+                    });
+                if let Err(e) = spawned {
+                    tracing::error!("starting the rollback recorder: {e}");
                 }
             })
         };
@@ -937,6 +1358,7 @@ impl Baton {
                 config: self.config.task.clone(),
                 status: status.clone(),
                 stop: stop.clone(),
+                isolate: Mutex::new(None),
             };
             let thread = std::thread::Builder::new()
                 .name(format!("baton-{id}"))
@@ -1002,6 +1424,8 @@ impl Baton {
     /// Appends records to `topic`; each goes to slot murmur2(key) mod partitions (round-robin
     /// without a key). Returns once they are on disk.
     pub fn produce(&self, topic: &str, records: Vec<ProduceRecord>) -> Result<Vec<Produced>> {
+        crate::cluster::names::check_user_topic(&self.config.cluster, topic)
+            .map_err(Error::BadRequest)?;
         let partitions = self.transport.partitions(topic)?.ok_or_else(|| {
             Error::NotFound(format!(
                 "topic `{topic}` does not exist; create a pipeline that reads it first"
@@ -1059,16 +1483,49 @@ impl Baton {
         Ok((records, end))
     }
 
-    /// Looks up `key` in `store` of `pipeline`: `Ok(None)` when the key is missing.
-    pub fn lookup(&self, pipeline: &str, store: &str, key: &[u8]) -> Result<Option<Lookup>> {
+    /// Looks up `key` in `store` of `pipeline`: `Ok(None)` when the key is missing. Without
+    /// `slot`, the slots the pipeline's partitioner allows are read (with `any`, the murmur2
+    /// slot first, then every other), and every slot holding the key is in `matches`.
+    pub fn lookup(
+        &self,
+        pipeline: &str,
+        store: &str,
+        key: &[u8],
+        slot: Option<u32>,
+    ) -> Result<Option<Lookup>> {
         let record = self.pipeline(pipeline)?;
         let store_id = store_id(&record, store)?;
-        let slot = partition_for_key(key, record.spec.slots);
-        let handle = self.local_owner(pipeline, slot)?;
-        let Some(value) = handle.db.get(store_id, &slot_key(slot, key))? else {
-            return Ok(None);
+        let slots = match slot {
+            Some(s) if s >= record.spec.slots => {
+                return Err(Error::BadRequest(format!(
+                    "slot {s} does not exist: pipeline `{pipeline}` has slots 0 to {}",
+                    record.spec.slots - 1
+                )));
+            }
+            Some(s) => vec![s],
+            None => record
+                .spec
+                .partitioner
+                .slots_for_key(key, record.spec.slots),
         };
-        Ok(Some(self.entry(&handle, slot, key, value)))
+        let mut found: Option<Lookup> = None;
+        for slot in slots {
+            let handle = self.local_owner(pipeline, slot)?;
+            let Some(value) = handle.db.get(store_id, &slot_key(slot, key))? else {
+                continue;
+            };
+            let entry = self.entry(&handle, slot, key, value);
+            let m = LookupMatch {
+                slot,
+                partition: entry.partition.clone(),
+                owner: entry.owner.clone(),
+                value: entry.value.clone(),
+                value_base64: entry.value_base64.clone(),
+                value_i64: entry.value_i64,
+            };
+            found.get_or_insert(entry).matches.push(m);
+        }
+        Ok(found)
     }
 
     /// The local partition owning `slot`, or why the query cannot be answered here.
@@ -1101,6 +1558,7 @@ impl Baton {
             partition: handle.id.clone(),
             owner: self.config.host_id.clone(),
             restoring: matches!(*handle.status.phase.lock(), Phase::Restoring),
+            matches: Vec::new(),
         }
     }
 
@@ -1199,6 +1657,48 @@ impl Drop for Baton {
     }
 }
 
+/// How long control-log replay waits for a record it knows exists before it gives up.
+const CONTROL_REPLAY_STALL: Duration = Duration::from_secs(60);
+
+/// Replays the control log up to its end offset taken now. A host must never start on a
+/// partial catalog: a read that stays empty for `stall` before that end, or a log whose first
+/// records are gone, fails loudly with the offsets.
+fn replay_control(
+    transport: &dyn Transport,
+    topic: &str,
+    stall: Duration,
+) -> anyhow::Result<Catalog> {
+    let mut catalog = Catalog::default();
+    let end = transport.end_offset(topic, 0)?;
+    let mut offset = 0;
+    let mut progress_at = Instant::now();
+    while offset < end {
+        let records = transport.read(topic, 0, offset, 1024)?;
+        if records.is_empty() {
+            anyhow::ensure!(
+                progress_at.elapsed() < stall,
+                "control log `{topic}`: replay stalled at offset {offset} of {end} (no record                  for {stall:?}); refusing to start on a partial catalog"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        }
+        progress_at = Instant::now();
+        for r in records {
+            anyhow::ensure!(
+                offset > 0 || r.offset == 0,
+                "control log `{topic}`: its first {} records are gone (deleted or expired);                  refusing to start on a partial catalog. The control log must keep every record                  (retention.ms=-1)",
+                r.offset
+            );
+            offset = r.offset + 1;
+            let bytes = r.record.value.unwrap_or_default();
+            let event = crate::cluster::parse_event(&bytes)
+                .map_err(|e| anyhow::anyhow!("control log `{topic}` record {}: {e}", r.offset))?;
+            catalog.apply(event);
+        }
+    }
+    Ok(catalog)
+}
+
 /// Writes a file atomically: temp file, fsync, rename.
 fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
@@ -1207,13 +1707,15 @@ fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-fn pipeline_info(r: &PipelineRecord) -> PipelineInfo {
-    PipelineInfo {
-        dlq: r.dlq_topic(),
-        spec: r.spec.clone(),
-        sha256: r.sha256.clone(),
-        created_at: r.created_at,
-        swaps: r.swaps.clone(),
+/// A pipeline name held by a creation in progress.
+struct NameReservation<'a> {
+    set: &'a Mutex<std::collections::BTreeSet<String>>,
+    name: String,
+}
+
+impl Drop for NameReservation<'_> {
+    fn drop(&mut self) {
+        self.set.lock().remove(&self.name);
     }
 }
 
@@ -1244,4 +1746,88 @@ fn store_id(record: &PipelineRecord, store: &str) -> Result<usize> {
                 record.spec.stores.join(", ")
             ))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::TransportError;
+
+    /// The embedded log, except that reads from `hole` on return nothing (a broker that stops
+    /// answering fetches).
+    struct Stalling {
+        log: EmbeddedLog,
+        hole: u64,
+    }
+
+    impl Transport for Stalling {
+        fn kind(&self) -> &'static str {
+            "embedded"
+        }
+        fn ensure_topic(&self, t: &str, n: u32, _: TopicKind) -> Result<bool, TransportError> {
+            self.log.ensure_topic(t, n)
+        }
+        fn partitions(&self, t: &str) -> Result<Option<u32>, TransportError> {
+            Ok(self.log.partitions(t))
+        }
+        fn topics(&self) -> Result<Vec<(String, u32)>, TransportError> {
+            Ok(self.log.topics())
+        }
+        fn end_offset(&self, t: &str, p: u32) -> Result<u64, TransportError> {
+            self.log.end_offset(t, p)
+        }
+        fn append(&self, t: &str, p: u32, r: &[Record]) -> Result<u64, TransportError> {
+            Transport::append(&self.log, t, p, r)
+        }
+        fn delete_topics(&self, t: &[String]) -> Result<(), TransportError> {
+            Transport::delete_topics(&self.log, t)
+        }
+        fn read(
+            &self,
+            t: &str,
+            p: u32,
+            o: u64,
+            max: usize,
+        ) -> Result<Vec<LogRecord>, TransportError> {
+            let mut v = self.log.read(t, p, o, max)?;
+            v.retain(|r| r.offset < self.hole);
+            Ok(v)
+        }
+    }
+
+    fn module_event(i: usize) -> Record {
+        let e = ControlEvent::Module(ModuleRecord {
+            name: format!("m{i}"),
+            version: "1".into(),
+            sha256: "00".into(),
+            size: 1,
+            wit: "baton:processor@0.1.0".into(),
+            uploaded_at: 0,
+        });
+        Record {
+            key: None,
+            value: Some(serde_json::to_vec(&e).unwrap()),
+            headers: vec![],
+            timestamp: 0,
+        }
+    }
+
+    #[test]
+    fn control_replay_reads_to_the_end_or_fails_loudly() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Stalling {
+            log: EmbeddedLog::open(dir.path()).unwrap(),
+            hole: u64::MAX,
+        };
+        t.ensure_topic("c", 1, TopicKind::Forever).unwrap();
+        let records: Vec<_> = (0..3000).map(module_event).collect();
+        Transport::append(&t, "c", 0, &records).unwrap();
+        let catalog = replay_control(&t, "c", Duration::from_millis(300)).unwrap();
+        assert_eq!(catalog.modules.len(), 3000);
+        let t = Stalling { hole: 2000, ..t };
+        let e = replay_control(&t, "c", Duration::from_millis(300))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("stalled at offset 2000 of 3000"), "{e}");
+    }
 }

@@ -40,6 +40,13 @@ pub enum Modules {
     },
     /// Lists module versions.
     List,
+    /// Deletes a module version (refused while a pipeline runs it).
+    Delete {
+        /// Module name.
+        name: String,
+        /// Version label.
+        version: String,
+    },
 }
 
 /// `baton pipelines ...`
@@ -59,6 +66,22 @@ pub enum Pipelines {
         /// The version to run.
         #[arg(long)]
         version: String,
+    },
+    /// Changes a running pipeline's limits, config, swap policy or WASI grants from a JSON
+    /// file (`-` reads stdin), e.g. `{"limits": {"cpu_ms": 500}}`.
+    Update {
+        /// The pipeline.
+        pipeline: String,
+        /// The change.
+        file: PathBuf,
+    },
+    /// Deletes a pipeline; `--purge` deletes its state too and frees the name.
+    Delete {
+        /// The pipeline.
+        pipeline: String,
+        /// Also delete its changelogs, dead letters, consumer group and local state.
+        #[arg(long)]
+        purge: bool,
     },
 }
 
@@ -161,6 +184,32 @@ async fn call_api(c: &Client, call: Call) -> anyhow::Result<Value> {
             .await
         }
         Call::Modules(Modules::List) => c.send(c.request(Method::GET, "/api/v1/modules")).await,
+        Call::Modules(Modules::Delete { name, version }) => {
+            c.send(c.request(Method::DELETE, &format!("/api/v1/modules/{name}/{version}")))
+                .await
+        }
+        Call::Pipelines(Pipelines::Update { pipeline, file }) => {
+            let text = if file.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin())?
+            } else {
+                std::fs::read_to_string(&file)
+                    .with_context(|| format!("reading {}", file.display()))?
+            };
+            let patch: Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not valid JSON", file.display()))?;
+            c.send(
+                c.request(Method::PATCH, &format!("/api/v1/pipelines/{pipeline}"))
+                    .json(&patch),
+            )
+            .await
+        }
+        Call::Pipelines(Pipelines::Delete { pipeline, purge }) => {
+            c.send(
+                c.request(Method::DELETE, &format!("/api/v1/pipelines/{pipeline}"))
+                    .query(&[("purge", purge)]),
+            )
+            .await
+        }
         Call::Pipelines(Pipelines::Create { file }) => {
             let text = if file.as_os_str() == "-" {
                 std::io::read_to_string(std::io::stdin())?

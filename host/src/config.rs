@@ -25,6 +25,11 @@ pub struct FileConfig {
     pub token: Option<String>,
     /// `kafka = "127.0.0.1:9092"`: run on Kafka instead of the embedded log.
     pub kafka: Option<String>,
+    /// `replication_factor = 3`: replication factor of the topics baton creates (default: the
+    /// broker's `default.replication.factor`).
+    pub replication_factor: Option<u16>,
+    /// `min_insync_replicas = 2`: of baton's own topics (default: min(2, replication factor)).
+    pub min_insync_replicas: Option<u16>,
     /// `kafka_config = { "compression.type" = "lz4" }`: librdkafka settings for every client.
     #[serde(default)]
     pub kafka_config: std::collections::BTreeMap<String, String>,

@@ -64,6 +64,14 @@ struct RunArgs {
     /// A librdkafka setting for every client, key=value (repeatable).
     #[arg(long = "kafka-config", value_parser = parse_key_value)]
     kafka_config: Vec<(String, String)>,
+    /// Replication factor of the topics baton creates [default: the broker's
+    /// default.replication.factor].
+    #[arg(long)]
+    replication_factor: Option<u16>,
+    /// min.insync.replicas of baton's own topics (changelogs, control log, modules, dead
+    /// letters) [default: min(2, replication factor)].
+    #[arg(long)]
+    min_insync_replicas: Option<u16>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -121,9 +129,15 @@ fn run(args: RunArgs, token: Option<String>) -> anyhow::Result<()> {
         config.kafka = Some(KafkaConfig {
             bootstrap,
             settings,
+            replication_factor: args.replication_factor.or(file.replication_factor),
+            min_insync_replicas: args.min_insync_replicas.or(file.min_insync_replicas),
         });
     } else {
         anyhow::ensure!(args.kafka_config.is_empty(), "--kafka-config needs --kafka");
+        anyhow::ensure!(
+            args.replication_factor.is_none() && args.min_insync_replicas.is_none(),
+            "--replication-factor and --min-insync-replicas need --kafka"
+        );
     }
     let baton =
         Baton::open(config).with_context(|| format!("opening data dir {}", data_dir.display()))?;

@@ -2,6 +2,7 @@
 //! events in the control log (`<cluster>.control`, by default `baton.control`, one partition,
 //! read from the start on every boot). The log's total order is the source of truth; the in-memory catalog is its replay.
 
+pub mod names;
 pub mod pipeline;
 
 pub use pipeline::{Guarantee, PipelineRecord, PipelineSpec, Start};
@@ -38,6 +39,79 @@ pub enum ControlEvent {
     Pipeline(PipelineRecord),
     /// A pipeline switched module version.
     Swap(SwapRecord),
+    /// A pipeline was deleted (with `purge`, its state too, and its name is free again).
+    PipelineDeleted(PipelineDeletion),
+    /// A module version was deleted.
+    ModuleDeleted(ModuleDeletion),
+    /// A running pipeline's settings changed (`PATCH`).
+    PipelineUpdated(PipelineUpdate),
+}
+
+/// A change of a running pipeline's settings: the fields given replace the spec's.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineUpdate {
+    /// The pipeline.
+    pub pipeline: String,
+    /// New guest limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<pipeline::GuestLimits>,
+    /// New config for `init`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<serde_json::Map<String, serde_json::Value>>,
+    /// New swap policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swap: Option<crate::task::SwapPolicy>,
+    /// New WASI grants.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wasi: Option<crate::runtime::host::WasiGrants>,
+    /// When (ms since the epoch).
+    pub at: i64,
+    /// Set when a partition refused the settings before and this puts the previous ones back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback_reason: Option<String>,
+}
+
+impl PipelineUpdate {
+    /// Applies the change to a spec.
+    pub fn apply_to(&self, spec: &mut PipelineSpec) {
+        if let Some(l) = &self.limits {
+            spec.limits = l.clone();
+        }
+        if let Some(c) = &self.config {
+            spec.config = c.clone();
+        }
+        if let Some(s) = &self.swap {
+            spec.swap = s.clone();
+        }
+        if let Some(w) = &self.wasi {
+            spec.wasi = w.clone();
+        }
+    }
+}
+
+/// The deletion of a pipeline.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineDeletion {
+    /// The pipeline.
+    pub pipeline: String,
+    /// True when its changelogs, dead letters and consumer group are deleted too.
+    pub purge: bool,
+    /// When (ms since the epoch).
+    pub at: i64,
+}
+
+/// The deletion of a module version.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModuleDeletion {
+    /// Module name.
+    pub name: String,
+    /// Version.
+    pub version: String,
+    /// When (ms since the epoch).
+    pub at: i64,
 }
 
 /// A pipeline's switch to another version of its module.
@@ -59,6 +133,34 @@ pub struct SwapRecord {
     pub rollback_reason: Option<String>,
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_of_a_newer_host_replay_without_their_new_fields() {
+        let e = parse_event(
+            br#"{"type":"module","name":"m","version":"1","sha256":"ab","size":1,
+                 "wit":"baton:processor@0.1.0","uploaded_at":0,"signed_by":"ops"}"#,
+        )
+        .unwrap();
+        assert!(matches!(e, ControlEvent::Module(m) if m.name == "m"));
+        let e = parse_event(
+            br#"{"type":"pipeline","sha256":"ab","start_offsets":{},"created_at":0,"zone":"eu",
+                 "spec":{"name":"p","module":"m","version":"1","inputs":["a"],"colour":"red",
+                         "limits":{"cpu_ms":100,"gpu_ms":5}}}"#,
+        )
+        .unwrap();
+        let ControlEvent::Pipeline(p) = e else {
+            panic!("a pipeline")
+        };
+        assert_eq!(p.spec.limits.cpu_ms, 100);
+        let err = parse_event(br#"{"type":"split","partition":"p-0"}"#).unwrap_err();
+        assert!(err.contains("event kind `split`"), "{err}");
+        assert!(parse_event(br#"{"type":"module","name":1}"#).is_err());
+    }
+}
+
 /// The replayed state of the control log.
 #[derive(Debug, Default)]
 pub struct Catalog {
@@ -66,6 +168,8 @@ pub struct Catalog {
     pub modules: BTreeMap<(String, String), ModuleRecord>,
     /// Pipelines by name.
     pub pipelines: BTreeMap<String, PipelineRecord>,
+    /// Pipelines deleted without purge: their state still exists, so their names stay taken.
+    pub deleted: BTreeMap<String, PipelineRecord>,
 }
 
 impl Catalog {
@@ -77,6 +181,23 @@ impl Catalog {
             }
             ControlEvent::Pipeline(p) => {
                 self.pipelines.insert(p.spec.name.clone(), p);
+            }
+            ControlEvent::PipelineDeleted(d) => {
+                let record = self
+                    .pipelines
+                    .remove(&d.pipeline)
+                    .or_else(|| self.deleted.remove(&d.pipeline));
+                if let (false, Some(r)) = (d.purge, record) {
+                    self.deleted.insert(d.pipeline, r);
+                }
+            }
+            ControlEvent::PipelineUpdated(u) => {
+                if let Some(p) = self.pipelines.get_mut(&u.pipeline) {
+                    u.apply_to(&mut p.spec);
+                }
+            }
+            ControlEvent::ModuleDeleted(d) => {
+                self.modules.remove(&(d.name, d.version));
             }
             ControlEvent::Swap(s) => {
                 if let Some(p) = self.pipelines.get_mut(&s.pipeline) {
@@ -90,6 +211,65 @@ impl Catalog {
                 }
             }
         }
+    }
+}
+
+/// Parses one control-log record. Fields this host does not know (written by a newer host) are
+/// dropped with a warning, at any depth, so that an older host can replay a newer log; an event
+/// kind it does not know stops it, naming the kind.
+pub fn parse_event(bytes: &[u8]) -> Result<ControlEvent, String> {
+    let mut value: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    for _ in 0..64 {
+        let err = match serde_path_to_error::deserialize::<_, ControlEvent>(&value) {
+            Ok(event) => return Ok(event),
+            Err(e) => e,
+        };
+        let msg = err.inner().to_string();
+        let Some(field) = msg
+            .strip_prefix("unknown field `")
+            .and_then(|rest| rest.split('`').next())
+            .map(str::to_string)
+        else {
+            let at_kind = matches!(err.path().to_string().as_str(), "." | "type");
+            if msg.starts_with("unknown variant") && at_kind {
+                let kind = value["type"].as_str().unwrap_or("?").to_string();
+                return Err(format!(
+                    "event kind `{kind}` is unknown to this host (baton {}); it was written by a \
+                     newer host: upgrade this one",
+                    env!("CARGO_PKG_VERSION")
+                ));
+            }
+            return Err(format!("{msg} (at {})", err.path()));
+        };
+        // The path names the struct holding the unknown field.
+        let mut at = &mut value;
+        for seg in err.path().iter() {
+            at = match seg {
+                serde_path_to_error::Segment::Seq { index } => &mut at[*index],
+                serde_path_to_error::Segment::Map { key } => &mut at[key.as_str()],
+                serde_path_to_error::Segment::Enum { .. }
+                | serde_path_to_error::Segment::Unknown => at,
+            };
+        }
+        tracing::warn!(field, path = %err.path(), "control log: ignoring a field this host does not know");
+        // Inside an internally tagged event the path can stop short: then the field is removed
+        // from the first object below that holds it.
+        if !remove_field(at, &field) {
+            return Err(format!("{msg} (at {})", err.path()));
+        }
+    }
+    Err("too many unknown fields".into())
+}
+
+/// Removes `field` from `v` if it is an object holding it, else from the first object below.
+fn remove_field(v: &mut serde_json::Value, field: &str) -> bool {
+    match v {
+        serde_json::Value::Object(o) => {
+            o.remove(field).is_some() || o.values_mut().any(|c| remove_field(c, field))
+        }
+        serde_json::Value::Array(a) => a.iter_mut().any(|c| remove_field(c, field)),
+        _ => false,
     }
 }
 

@@ -66,7 +66,8 @@ pub struct PipelineSpec {
     /// `start = "earliest"` or `"latest"`.
     #[serde(default)]
     pub start: Start,
-    /// `limits = { memory_bytes = 67108864, cpu_ms = 2000 }`: what one instance may use.
+    /// `limits = { memory_bytes = 67108864, cpu_ms = 2000, max_key_bytes = 4096,
+    /// max_value_bytes = 1000000 }`: what one instance may use and write.
     #[serde(default)]
     pub limits: GuestLimits,
     /// `swap = { probation_batches = 3, max_failure_share = 0.5 }`: when a new version is
@@ -76,6 +77,12 @@ pub struct PipelineSpec {
     /// `wasi = { clocks = true, random = true }`: what of WASI the guests get beyond nothing.
     #[serde(default)]
     pub wasi: crate::runtime::host::WasiGrants,
+    /// `partitioner = "any"`: how the inputs' producers place keys, so that a state lookup
+    /// knows which slots to read: `murmur2` (Java clients, baton's produce API), `crc32`
+    /// (librdkafka clients: Python, Go, C, .NET) or `any` (default: the murmur2 slot first, then
+    /// every other).
+    #[serde(default)]
+    pub partitioner: crate::transport::partitioner::Partitioner,
 }
 
 /// Limits of a pipeline's instances. A guest over a limit traps; the record goes to the DLQ.
@@ -84,9 +91,15 @@ pub struct PipelineSpec {
 pub struct GuestLimits {
     /// Linear memory of one instance, in bytes (default 256 MiB).
     pub memory_bytes: u64,
-    /// CPU time of the guest per batch, in milliseconds (default 10,000), enforced by epoch
-    /// interruption every 10 ms.
+    /// Time budget of one guest call, in milliseconds (default 10,000), enforced by epoch
+    /// interruption every 10 ms. A call of many records that runs out is retried record by
+    /// record, each with the whole budget; only a record over the budget alone is dead-lettered.
     pub cpu_ms: u64,
+    /// Most bytes of a state key (default 4096). A longer key gets a `too-large` error.
+    pub max_key_bytes: u64,
+    /// Most bytes of a state value (default 1,000,000; on Kafka also at most what the store's
+    /// changelog topic takes). A larger value gets a `too-large` error.
+    pub max_value_bytes: u64,
 }
 
 impl Default for GuestLimits {
@@ -94,6 +107,8 @@ impl Default for GuestLimits {
         GuestLimits {
             memory_bytes: 256 << 20,
             cpu_ms: 10_000,
+            max_key_bytes: 4096,
+            max_value_bytes: 1_000_000,
         }
     }
 }
@@ -109,32 +124,19 @@ fn default_partitions() -> u32 {
 /// Most slots a pipeline may have.
 pub const MAX_SLOTS: u32 = 4096;
 
-fn valid_name(s: &str, max: usize) -> bool {
-    !s.is_empty()
-        && s.len() <= max
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-}
+use super::names::{self, is_simple_name as valid_name};
 
 impl PipelineSpec {
-    /// Checks everything that can be checked without the catalog; the message says how to fix it.
-    pub fn validate(&self) -> Result<(), String> {
-        if !valid_name(&self.name, 64) {
-            return Err(format!(
-                "invalid pipeline name `{}`: use 1 to 64 ASCII letters, digits, '-' and '_'",
-                self.name
-            ));
-        }
+    /// Checks everything that can be checked without the catalog, for a pipeline of cluster
+    /// `cluster`; the message says how to fix it.
+    pub fn validate(&self, cluster: &str) -> Result<(), String> {
+        names::check_pipeline_name(&self.name)?;
         if self.inputs.is_empty() {
             return Err("`inputs` must name at least one topic".into());
         }
         for t in self.inputs.iter().chain(self.outputs.iter()) {
             validate_topic_name(t).map_err(|e| e.to_string())?;
-            if t.starts_with("baton.") {
-                return Err(format!(
-                    "topic `{t}`: names starting with `baton.` are reserved for baton"
-                ));
-            }
+            names::check_user_topic(cluster, t)?;
         }
         if let Some(t) = self.outputs.iter().find(|t| self.inputs.contains(t)) {
             return Err(format!("topic `{t}` is both an input and an output"));
@@ -156,6 +158,18 @@ impl PipelineSpec {
             return Err(format!(
                 "limits.cpu_ms = {} is out of range: use 10 to 600000",
                 self.limits.cpu_ms
+            ));
+        }
+        if self.limits.max_key_bytes == 0 || self.limits.max_key_bytes > 1 << 20 {
+            return Err(format!(
+                "limits.max_key_bytes = {} is out of range: use 1 to 1 MiB (1048576)",
+                self.limits.max_key_bytes
+            ));
+        }
+        if self.limits.max_value_bytes == 0 || self.limits.max_value_bytes > 64 << 20 {
+            return Err(format!(
+                "limits.max_value_bytes = {} is out of range: use 1 to 64 MiB (67108864)",
+                self.limits.max_value_bytes
             ));
         }
         if !(0.0..=1.0).contains(&self.swap.max_failure_share) {
@@ -284,9 +298,12 @@ mod tests {
     #[test]
     fn validation_names_the_problem() {
         let mut s = spec();
-        assert!(s.validate().is_ok());
+        assert!(s.validate("baton").is_ok());
         s.partitions = 9;
-        assert!(s.validate().unwrap_err().contains("partitions"));
+        assert!(s.validate("baton").unwrap_err().contains("partitions"));
+        s.partitions = 3;
+        s.outputs = vec!["prod.control".into()];
+        assert!(s.validate("prod").unwrap_err().contains("reserved"));
         let bad: Result<PipelineSpec, _> = serde_json::from_value(serde_json::json!({
             "name": "wc", "module": "m", "version": "1", "inputs": ["a"], "colour": "red"
         }));

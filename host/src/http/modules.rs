@@ -1,19 +1,22 @@
 //! `/api/v1/modules`: upload and list processor components.
 
+use axum::extract::Path;
+use axum::extract::rejection::PathRejection;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::StatusCode;
-use axum::routing::post;
+use axum::routing::{delete, post};
 use axum::{Json, Router};
 use bytes::Bytes;
 use serde::Deserialize;
 
 use super::{ApiError, AppState, MODULE_LIMIT, blocking};
-use crate::cluster::ModuleRecord;
+use crate::cluster::{ModuleDeletion, ModuleRecord};
 
 pub(super) fn router() -> Router<AppState> {
     Router::new()
         .route("/api/v1/modules", post(upload).get(list))
+        .route("/api/v1/modules/{name}/{version}", delete(remove))
         .layer(DefaultBodyLimit::max(MODULE_LIMIT))
 }
 
@@ -44,4 +47,14 @@ async fn upload(
 
 async fn list(State(baton): State<AppState>) -> Json<Vec<ModuleRecord>> {
     Json(baton.modules())
+}
+
+async fn remove(
+    State(baton): State<AppState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Json<ModuleDeletion>, ApiError> {
+    let Path((name, version)) = path?;
+    Ok(Json(
+        blocking(move || baton.delete_module(&name, &version)).await?,
+    ))
 }

@@ -8,8 +8,10 @@ use serde_json::{Map, Value, json};
 
 use super::pipelines::SwapBody;
 use super::topics::{NewRecord, ReadOut, TopicInfo};
-use crate::app::{Lookup, PartitionInfo, PipelineInfo, Produced, ScanPage, SwapResult};
-use crate::cluster::{ModuleRecord, PipelineSpec};
+use crate::app::{
+    Lookup, PartitionInfo, PipelineInfo, PipelinePatch, Produced, ScanPage, SwapResult,
+};
+use crate::cluster::{ModuleDeletion, ModuleRecord, PipelineDeletion, PipelineSpec};
 use crate::task::Event;
 
 type Param = (&'static str, &'static str, bool, &'static str, &'static str);
@@ -241,11 +243,12 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
         Op {
             method: "get",
             path: "/api/v1/pipelines/{pipeline}/stores/{store}/keys/{key}",
-            summary: "Looks up one key, on the host that owns its slot.",
+            summary: "Looks up one key in every slot the pipeline's partitioner allows (murmur2 slot first); `matches` lists each slot holding it.",
             params: &[
                 P_PIPELINE,
                 ("store", "path", true, "Store name.", "string"),
                 ("key", "path", true, "The key (UTF-8).", "string"),
+                ("slot", "query", false, "Read only this slot.", "integer"),
             ],
             request: None,
             ok: (
@@ -253,7 +256,55 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
                 "application/json",
                 Some(s(|g| g.subschema_for::<Lookup>())),
             ),
-            errors: &[404, 503],
+            errors: &[400, 404, 503],
+        },
+        Op {
+            method: "patch",
+            path: "/api/v1/pipelines/{pipeline}",
+            summary: "Changes a running pipeline's limits, config, swap policy or WASI grants, at each partition's next batch boundary (as a swap). The new config must pass the module's init. 202 when a partition had not reached a batch boundary in time.",
+            params: &[P_PIPELINE],
+            request: Some((
+                "application/json",
+                s(|g| g.subschema_for::<PipelinePatch>()),
+            )),
+            ok: (
+                200,
+                "application/json",
+                Some(s(|g| g.subschema_for::<PipelineInfo>())),
+            ),
+            errors: &[400, 404, 503],
+        },
+        Op {
+            method: "delete",
+            path: "/api/v1/pipelines/{pipeline}",
+            summary: "Deletes a pipeline: stops its partitions on every host and records the deletion. With purge=true its changelogs, dead letters, consumer group and local state go too and the name is free again; without, the name stays taken.",
+            params: &[
+                P_PIPELINE,
+                ("purge", "query", false, "Also delete its state.", "boolean"),
+            ],
+            request: None,
+            ok: (
+                200,
+                "application/json",
+                Some(s(|g| g.subschema_for::<PipelineDeletion>())),
+            ),
+            errors: &[400, 404, 409, 503],
+        },
+        Op {
+            method: "delete",
+            path: "/api/v1/modules/{name}/{version}",
+            summary: "Deletes a module version; 409 naming the pipelines that still run it.",
+            params: &[
+                ("name", "path", true, "Module name.", "string"),
+                ("version", "path", true, "Version label.", "string"),
+            ],
+            request: None,
+            ok: (
+                200,
+                "application/json",
+                Some(s(|g| g.subschema_for::<ModuleDeletion>())),
+            ),
+            errors: &[404, 409, 503],
         },
         Op {
             method: "get",

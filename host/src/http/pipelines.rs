@@ -7,15 +7,18 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router};
 
 use super::{ApiError, AppState, blocking};
-use crate::app::{Lookup, PipelineInfo, ScanPage, SwapResult};
-use crate::cluster::PipelineSpec;
+use crate::app::{Lookup, PipelineInfo, PipelinePatch, ScanPage, SwapResult};
+use crate::cluster::{PipelineDeletion, PipelineSpec};
 use crate::error::Error;
 use crate::task::Event;
 
 pub(super) fn router() -> Router<AppState> {
     Router::new()
         .route("/api/v1/pipelines", post(create).get(list))
-        .route("/api/v1/pipelines/{pipeline}", get(show))
+        .route(
+            "/api/v1/pipelines/{pipeline}",
+            get(show).delete(delete).patch(update),
+        )
         .route("/api/v1/pipelines/{pipeline}/module", put(swap))
         .route("/api/v1/pipelines/{pipeline}/events", get(events))
         .route(
@@ -37,6 +40,46 @@ async fn create(
     Ok((StatusCode::CREATED, Json(info)))
 }
 
+async fn update(
+    State(baton): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    body: Result<Json<PipelinePatch>, JsonRejection>,
+) -> Result<(StatusCode, Json<PipelineInfo>), ApiError> {
+    let Path(name) = path?;
+    let Json(patch) = body.map_err(|e| {
+        ApiError::from(e).with_hint("send a JSON object with any of limits, config, swap, wasi")
+    })?;
+    let (info, applied) = blocking(move || baton.update_pipeline(&name, patch, SWAP_WAIT)).await?;
+    let status = if applied {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok((status, Json(info)))
+}
+
+/// Query of `DELETE /api/v1/pipelines/{p}`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeleteQuery {
+    /// Also delete the pipeline's state and free its name.
+    #[serde(default)]
+    purge: bool,
+}
+
+async fn delete(
+    State(baton): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<axum::extract::Query<DeleteQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<PipelineDeletion>, ApiError> {
+    let Path(name) = path?;
+    let axum::extract::Query(q) =
+        query.map_err(|e| ApiError::from(e).with_hint("the only parameter is purge=true|false"))?;
+    Ok(Json(
+        blocking(move || baton.delete_pipeline(&name, q.purge)).await?,
+    ))
+}
+
 async fn list(State(baton): State<AppState>) -> Json<Vec<PipelineInfo>> {
     Json(baton.pipelines())
 }
@@ -54,13 +97,24 @@ async fn show(
         .ok_or_else(|| Error::NotFound(format!("pipeline `{name2}` does not exist")).into())
 }
 
+/// Query of `GET .../keys/{key}`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LookupQuery {
+    /// Read only this slot.
+    slot: Option<u32>,
+}
+
 async fn lookup(
     State(baton): State<AppState>,
     path: Result<Path<(String, String, String)>, PathRejection>,
+    query: Result<axum::extract::Query<LookupQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Lookup>, ApiError> {
     let Path((pipeline, store, key)) = path?;
+    let axum::extract::Query(q) = query
+        .map_err(|e| ApiError::from(e).with_hint("the only parameter is slot, a slot number"))?;
     let k = key.clone();
-    let found = blocking(move || baton.lookup(&pipeline, &store, k.as_bytes())).await?;
+    let found = blocking(move || baton.lookup(&pipeline, &store, k.as_bytes(), q.slot)).await?;
     found
         .map(Json)
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("key `{key}` not found")))
