@@ -226,14 +226,36 @@ impl Api {
         Ok(r.body.as_array().cloned().unwrap_or_default())
     }
 
-    /// Waits until every partition of `pipeline` has processed all of its input (lag 0) and the
-    /// total processed offset reaches `at_least`. Fails early if a partition failed.
+    /// Waits until every partition of `pipeline` has processed all of its input (lag 0), the
+    /// total processed offset reaches `at_least`, and the pipeline is quiescent: the same
+    /// offsets and record counts twice, 300 ms apart, so that a late duplicate is not missed by
+    /// the counts checked next. Fails early if a partition failed.
     pub async fn wait_caught_up(
         &self,
         pipeline: &str,
         at_least: u64,
         timeout: Duration,
     ) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let first = self.caught_up_snapshot(pipeline, at_least, left).await?;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let second = self.caught_up_snapshot(pipeline, at_least, left).await?;
+            if first == second {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Once caught up: each partition's offsets and records.
+    async fn caught_up_snapshot(
+        &self,
+        pipeline: &str,
+        at_least: u64,
+        timeout: Duration,
+    ) -> Result<Vec<Value>> {
         wait_for(
             &format!("pipeline {pipeline} to process {at_least} records"),
             timeout,
@@ -259,7 +281,11 @@ impl Api {
                         done += off;
                     }
                 }
-                Ok((done >= at_least).then_some(()))
+                let snapshot = mine
+                    .iter()
+                    .map(|p| json!([p["id"], p["offsets"], p["records"], p["dead_letters"]]))
+                    .collect();
+                Ok((done >= at_least).then_some(snapshot))
             },
         )
         .await
@@ -374,10 +400,7 @@ impl InProcess {
         }
         let mut cfg = baton::HostConfig::new(dir);
         cfg.state_memory = 64 << 20;
-        cfg.kafka = kafka.map(|b| baton::transport::kafka::KafkaConfig {
-            bootstrap: b.to_string(),
-            settings: vec![],
-        });
+        cfg.kafka = kafka.map(|b| baton::transport::kafka::KafkaConfig::new(b.to_string()));
         // Hosts of different tests share the broker, not a cluster.
         cfg.cluster = cluster_name(dir);
         configure(&mut cfg);
@@ -605,15 +628,37 @@ impl TestProducer {
 
     /// Sends records and waits for every acknowledgement.
     pub async fn send(&self, topic: &str, slots: u32, records: &[(String, String)]) -> Result<()> {
+        self.send_placed(topic, Some(slots), records).await
+    }
+
+    /// Sends records placed by librdkafka's own default partitioner (`consistent_random`: CRC32
+    /// of the key), as Python, Go, C and .NET clients place them.
+    pub async fn send_librdkafka_default(
+        &self,
+        topic: &str,
+        records: &[(String, String)],
+    ) -> Result<()> {
+        self.send_placed(topic, None, records).await
+    }
+
+    async fn send_placed(
+        &self,
+        topic: &str,
+        murmur2_slots: Option<u32>,
+        records: &[(String, String)],
+    ) -> Result<()> {
         use rdkafka::producer::FutureRecord;
         let mut futures = Vec::with_capacity(records.len());
         for (k, v) in records {
-            let partition =
-                baton::transport::partitioner::partition_for_key(k.as_bytes(), slots) as i32;
             let mut rec = FutureRecord::to(topic)
                 .key(k.as_bytes())
-                .payload(v.as_bytes())
-                .partition(partition);
+                .payload(v.as_bytes());
+            if let Some(slots) = murmur2_slots {
+                rec = rec.partition(baton::transport::partitioner::partition_for_key(
+                    k.as_bytes(),
+                    slots,
+                ) as i32);
+            }
             // Enqueue now (send_result), wait for the acknowledgements after.
             loop {
                 match self.producer.send_result(rec) {
@@ -643,11 +688,9 @@ impl TestProducer {
 /// isolation.level=read_committed.
 pub fn read_committed(topic: &str, partitions: u32) -> Result<Vec<(String, String)>> {
     use baton::transport::Transport;
-    let t =
-        baton::transport::kafka::KafkaTransport::connect(baton::transport::kafka::KafkaConfig {
-            bootstrap: kafka_bootstrap(),
-            settings: vec![],
-        })?;
+    let t = baton::transport::kafka::KafkaTransport::connect(
+        baton::transport::kafka::KafkaConfig::new(kafka_bootstrap()),
+    )?;
     let mut out = Vec::new();
     for p in 0..partitions {
         let end = t.end_offset(topic, p)?;
@@ -731,4 +774,110 @@ pub fn with_custom_section(mut bytes: Vec<u8>, name: &str, payload: &[u8]) -> Ve
     leb(&mut bytes, body.len());
     bytes.extend_from_slice(&body);
     bytes
+}
+
+/// A broker of a test's own, beside the shared one: its own port, data dir and settings (e.g. a
+/// short `offsets.retention.minutes`). Stopped and deleted when dropped.
+pub struct OwnBroker {
+    run: tempfile::TempDir,
+    port: u16,
+    controller_port: u16,
+}
+
+impl OwnBroker {
+    /// Starts a broker on 127.0.0.1:`port` (its controller on `port + 1`) with `extra` lines in
+    /// its server.properties; returns once it answers.
+    pub fn start(port: u16, extra: &[&str]) -> Result<Self> {
+        let broker = OwnBroker {
+            run: tempfile::tempdir()?,
+            port,
+            controller_port: port + 1,
+        };
+        broker.script("start", extra)?;
+        Ok(broker)
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn script(&self, arg: &str, extra: &[&str]) -> Result<()> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/kafka");
+        let status = Command::new("bash")
+            .arg(script)
+            .arg(arg)
+            .env("KAFKA_RUN", self.run.path())
+            .env("KAFKA_PORT", self.port.to_string())
+            .env("KAFKA_CONTROLLER_PORT", self.controller_port.to_string())
+            .env("KAFKA_EXTRA_PROPS", extra.join("\n"))
+            .status()?;
+        if !status.success() {
+            bail!("scripts/kafka {arg} (port {}) failed: {status}", self.port);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        let _ = self.script("stop", &[]);
+    }
+}
+
+/// The committed offsets of `group` for each partition of `topic` on `bootstrap` (`None` where
+/// the group has none).
+pub fn group_offsets_on(
+    bootstrap: &str,
+    group: &str,
+    topic: &str,
+    partitions: u32,
+) -> Result<Vec<Option<u64>>> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p as i32);
+    }
+    let got = consumer.committed_offsets(tpl, Duration::from_secs(30))?;
+    Ok((0..partitions)
+        .map(
+            |p| match got.find_partition(topic, p as i32).map(|e| e.offset()) {
+                Some(rdkafka::Offset::Offset(o)) if o >= 0 => Some(o as u64),
+                _ => None,
+            },
+        )
+        .collect())
+}
+
+/// The seed of a test's random choices (kill timings): `BATON_TEST_SEED` to replay a failure,
+/// else new each run. Printed, so that a failing run's seed is in its output.
+pub fn test_seed(test: &str) -> u64 {
+    let seed = std::env::var("BATON_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    eprintln!("{test}: BATON_TEST_SEED={seed}");
+    seed
+}
+
+/// A delay in `[min, max)` drawn from `seed` for `round`: the moment of a kill.
+pub fn random_delay(seed: u64, round: u64, min: Duration, max: Duration) -> Duration {
+    let mut x = seed ^ round.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for _ in 0..4 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+    }
+    let span = (max - min).as_millis().max(1) as u64;
+    min + Duration::from_millis(x % span)
 }

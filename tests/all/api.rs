@@ -156,6 +156,12 @@ async fn readyz_metrics_events_and_scans() -> anyhow::Result<()> {
     // Scans: pages of 37 over prefix `w1` cover every such key exactly once, with its count.
     let mut expected = count(keys.iter().map(String::as_str));
     expected.retain(|k, _| k.starts_with("w1"));
+    assert!(
+        expected.len() > 2 * 37,
+        "{} keys: too few to page through",
+        expected.len()
+    );
+    let mut pages = 0;
     let mut seen = BTreeSet::new();
     let mut cursor: Option<String> = None;
     loop {
@@ -167,6 +173,7 @@ async fn readyz_metrics_events_and_scans() -> anyhow::Result<()> {
             .get(&format!("/api/v1/pipelines/wc/stores/counts/keys{q}"))
             .await?;
         assert_eq!(page.status, 200, "{}", page.body);
+        pages += 1;
         for item in page.body["items"].as_array().into_iter().flatten() {
             let key = item["key"].as_str().unwrap_or("").to_string();
             assert!(key.starts_with("w1"), "{item}");
@@ -183,7 +190,8 @@ async fn readyz_metrics_events_and_scans() -> anyhow::Result<()> {
             None => break,
         }
     }
-    assert_eq!(seen.len(), expected.len());
+    assert_eq!(seen, expected.keys().cloned().collect::<BTreeSet<_>>());
+    assert_eq!(pages, expected.len().div_ceil(37), "pages of 37");
     for bad in ["?limit=0", "?limit=5000", "?cursor=nonsense", "?bogus=1"] {
         let r = api
             .get(&format!("/api/v1/pipelines/wc/stores/counts/keys{bad}"))

@@ -1,5 +1,5 @@
 //! The `baton` client subcommands against a host with a token: push, create, produce, get,
-//! list, swap and partitions; and a clear failure without the token.
+//! list, swap, partitions, update and delete; and a clear failure without the token.
 
 use std::io::Write as _;
 use std::process::{Command, Stdio};
@@ -128,6 +128,22 @@ async fn the_cli_drives_a_host() -> anyhow::Result<()> {
         let (ok, _, err) = cli.run(&["get", "wc", "counts", "never-seen"], "")?;
         assert!(!ok);
         assert!(err.contains("404"), "{err}");
+
+        // Lifecycle: change in place, delete a module version in use (refused), delete and
+        // purge the pipeline, then the version.
+        let (ok, _, err) = cli.run(&["modules", "delete", "word-count", "2"], "")?;
+        assert!(!ok && err.contains("409") && err.contains("[wc]"), "{err}");
+        let updated = cli.ok(
+            &["pipelines", "update", "wc", "-"],
+            r#"{"limits": {"cpu_ms": 700}}"#,
+        )?;
+        assert_eq!(updated["limits"]["cpu_ms"], 700, "{updated}");
+        let deleted = cli.ok(&["pipelines", "delete", "wc", "--purge"], "")?;
+        assert_eq!(deleted["purge"], true, "{deleted}");
+        let deleted = cli.ok(&["modules", "delete", "word-count", "2"], "")?;
+        assert_eq!(deleted["version"], "2", "{deleted}");
+        assert_eq!(cli.ok(&["pipelines", "list"], "")?, serde_json::json!([]));
+
         let nowhere = Cli {
             url: "http://127.0.0.1:9".into(),
             token: None,

@@ -1,6 +1,8 @@
 //! Bad uploads and bad requests get a 4xx whose body names the problem.
 
-use baton_tests::{InProcess, plugin_bytes};
+use std::time::Duration;
+
+use baton_tests::{InProcess, plugin_bytes, wait_for};
 use serde_json::json;
 
 /// A component whose core module only traps, built for the world `world` of the WIT in `wit`.
@@ -193,8 +195,61 @@ async fn bad_requests_get_a_4xx_naming_the_problem() -> anyhow::Result<()> {
     let r = api.post_json("/api/v1/pipelines", &too_many).await?;
     assert_eq!(r.status, 400);
     assert!(r.error().contains("partitions"));
+    // The cluster's prefix (and the default cluster's) and its own names are reserved.
+    let cluster = baton_tests::cluster_name(dir.path());
+    for topic in [format!("{cluster}.control"), "baton.control".to_string()] {
+        let mut own = good.clone();
+        own["name"] = json!("sneaky");
+        own["outputs"] = json!([topic]);
+        let r = api.post_json("/api/v1/pipelines", &own).await?;
+        assert_eq!(r.status, 400, "{r:?}");
+        assert!(r.error().contains("reserved"), "{}", r.error());
+        let r = api
+            .post_json(
+                &format!("/api/v1/topics/{topic}/records"),
+                &json!([{"key": "a", "value": "b"}]),
+            )
+            .await?;
+        assert_eq!(r.status, 400, "{r:?}");
+        assert!(r.error().contains("reserved"), "{}", r.error());
+    }
+    for name in ["hosts", "control", "controller", "modules", "load"] {
+        let mut own = good.clone();
+        own["name"] = json!(name);
+        let r = api.post_json("/api/v1/pipelines", &own).await?;
+        assert_eq!(r.status, 400, "{r:?}");
+        assert!(r.error().contains("reserved"), "{}", r.error());
+    }
+
+    // A pipeline whose partitions cannot start exists all the same: 201, phase `failed` with
+    // the reason (here its state directory is taken by a file).
+    let state = dir.path().join("state").join("blocked");
+    std::fs::create_dir_all(&state)?;
+    std::fs::write(state.join("blocked-0"), b"not a directory")?;
+    let mut blocked = good.clone();
+    blocked["name"] = json!("blocked");
+    blocked["inputs"] = json!(["blocked-in"]);
+    let r = api.post_json("/api/v1/pipelines", &blocked).await?;
+    assert_eq!(r.status, 201, "{r:?}");
+    assert_eq!(r.body["phase"], "failed", "{}", r.body);
+    let info = api.get("/api/v1/pipelines/blocked").await?.body;
+    assert_eq!(info["phase"], "failed", "{info}");
+    assert!(
+        info["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("blocked-0")),
+        "{info}"
+    );
+    let r = api.post_json("/api/v1/pipelines", &blocked).await?;
+    assert_eq!(r.status, 409, "the name is taken: {r:?}");
 
     api.create_pipeline(good.clone()).await?;
+    let info = wait_for("wc to run", Duration::from_secs(30), || async {
+        let info = api.get("/api/v1/pipelines/wc").await?.body;
+        Ok((info["phase"] == "running").then_some(info))
+    })
+    .await?;
+    assert!(info.get("reason").is_none(), "{info}");
     let r = api.post_json("/api/v1/pipelines", &good).await?;
     assert_eq!(r.status, 409);
     // A topic that exists with another partition count is refused, naming the topic.

@@ -23,18 +23,21 @@ async fn admin_client_creates_and_lists_a_topic() -> anyhow::Result<()> {
     let name = unique("baton-test");
     assert!(
         admin
-            .ensure_topic(&name, 3, &[("cleanup.policy", "compact")])
+            .ensure_topic(&name, 3, 1, &[("cleanup.policy", "compact")])
             .await?,
         "created"
     );
-    assert!(!admin.ensure_topic(&name, 3, &[]).await?, "already there");
+    assert!(
+        !admin.ensure_topic(&name, 3, 1, &[]).await?,
+        "already there"
+    );
     let listed = admin.topics()?;
     let t = listed
         .iter()
         .find(|t| t.name == name)
         .expect("the new topic is listed");
     assert_eq!(t.partitions, 3);
-    match admin.ensure_topic(&name, 5, &[]).await {
+    match admin.ensure_topic(&name, 5, 1, &[]).await {
         Err(KafkaError::Topic(TransportError::PartitionCountMismatch {
             actual: 3,
             wanted: 5,
@@ -112,6 +115,92 @@ async fn word_count_is_exact_over_200k_records_in_16_slots() -> anyhow::Result<(
     host.stop().await
 }
 
+/// Keys produced by a librdkafka client with its default partitioner (CRC32, not Java's
+/// murmur2) are found by a lookup; a key in two slots (produced both ways) lists both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookups_find_keys_whatever_partitioner_produced_them() -> anyhow::Result<()> {
+    use baton::transport::partitioner::{crc32_partition_for_key, partition_for_key};
+    let _k = kafka_lock().await;
+    let dir = tempfile::tempdir()?;
+    let (host, name, input) = word_count_on_kafka(dir.path(), 8, 2).await?;
+    let api = &host.api;
+    let keys: Vec<String> = (0..300).map(|i| format!("user-{i}")).collect();
+    let elsewhere = keys
+        .iter()
+        .filter(|k| partition_for_key(k.as_bytes(), 8) != crc32_partition_for_key(k.as_bytes(), 8))
+        .count();
+    assert!(
+        elsewhere > 200,
+        "only {elsewhere} keys change slot: the test proves little"
+    );
+    let producer = TestProducer::new()?;
+    let recs: Vec<_> = keys
+        .iter()
+        .flat_map(|k| std::iter::repeat_n((k.clone(), "x".to_string()), 3))
+        .collect();
+    producer.send_librdkafka_default(&input, &recs).await?;
+    // The same key from a Java-style producer (baton's produce API uses murmur2) lands in
+    // another slot: the lookup lists both, the murmur2 slot first.
+    let both = keys
+        .iter()
+        .find(|k| partition_for_key(k.as_bytes(), 8) != crc32_partition_for_key(k.as_bytes(), 8))
+        .cloned()
+        .expect("a key whose slots differ");
+    api.produce(&input, &[(both.clone(), None)]).await?;
+    api.wait_caught_up(&name, 901, Duration::from_secs(60))
+        .await?;
+    for k in &keys {
+        let r = api
+            .get(&format!("/api/v1/pipelines/{name}/stores/counts/keys/{k}"))
+            .await?;
+        assert_eq!(r.status, 200, "lookup of {k}: {}", r.body);
+        let crc = crc32_partition_for_key(k.as_bytes(), 8);
+        let m = r.body["matches"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .find(|m| m["slot"] == crc)
+            .unwrap_or_else(|| panic!("{k}: no match in its CRC32 slot {crc}: {}", r.body));
+        assert_eq!(m["value_i64"], 3, "{k}: {}", r.body);
+    }
+    let r = api
+        .get(&format!(
+            "/api/v1/pipelines/{name}/stores/counts/keys/{both}"
+        ))
+        .await?;
+    let murmur = partition_for_key(both.as_bytes(), 8);
+    let crc = crc32_partition_for_key(both.as_bytes(), 8);
+    assert_eq!(r.body["slot"], murmur, "{}", r.body);
+    assert_eq!(r.body["value_i64"], 1, "{}", r.body);
+    let slots: Vec<_> = r.body["matches"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| (m["slot"].as_u64(), m["value_i64"].as_i64()))
+        .collect();
+    assert_eq!(
+        slots,
+        vec![(Some(murmur as u64), Some(1)), (Some(crc as u64), Some(3))],
+        "{}",
+        r.body
+    );
+    let r = api
+        .get(&format!(
+            "/api/v1/pipelines/{name}/stores/counts/keys/{both}?slot={crc}"
+        ))
+        .await?;
+    assert_eq!(r.body["value_i64"], 3, "{}", r.body);
+    assert_eq!(r.body["matches"].as_array().map(Vec::len), Some(1));
+    let r = api
+        .get(&format!(
+            "/api/v1/pipelines/{name}/stores/counts/keys/{both}?slot=99"
+        ))
+        .await?;
+    assert_eq!(r.status, 400, "{}", r.body);
+    host.stop().await
+}
+
 /// Input, two pipelines over it (word-count and uppercase), and what the test sent.
 struct Flow {
     input: String,
@@ -178,8 +267,9 @@ async fn kill_three_times(
     mut host: ChildHost,
     flow: &Flow,
 ) -> anyhow::Result<ChildHost> {
+    let seed = baton_tests::test_seed("kill_three_times");
     for round in 0..3u64 {
-        wait_for(
+        let (done, lag) = wait_for(
             "progress with input left before the kill",
             Duration::from_secs(120),
             || {
@@ -196,12 +286,21 @@ async fn kill_three_times(
                         .map(|p| p["records"].as_u64().unwrap_or(0))
                         .sum();
                     let lag: u64 = mine.iter().map(|p| p["lag"].as_u64().unwrap_or(0)).sum();
-                    Ok((done > 1_000 && lag > 0).then_some(()))
+                    Ok((done > 1_000 && lag > 0).then_some((done, lag)))
                 }
             },
         )
         .await?;
-        tokio::time::sleep(Duration::from_millis(30 + 70 * round)).await;
+        let delay = baton_tests::random_delay(
+            seed,
+            round,
+            Duration::from_millis(10),
+            Duration::from_millis(400),
+        );
+        tokio::time::sleep(delay).await;
+        eprintln!(
+            "kill -9 #{round}: {delay:?} after {done} records processed with {lag} waiting (seed {seed})"
+        );
         host.kill9()?;
         host = ChildHost::start(dir, flags).await?;
     }
@@ -357,7 +456,7 @@ async fn a_new_pipeline_refuses_a_changelog_with_records() -> anyhow::Result<()>
     let changelog = format!("{}.{name}.counts.changelog", host.baton.config().cluster);
     let admin = KafkaAdmin::new(&kafka_bootstrap(), &[])?;
     admin
-        .ensure_topic(&changelog, 2, &[("cleanup.policy", "compact")])
+        .ensure_topic(&changelog, 2, 1, &[("cleanup.policy", "compact")])
         .await?;
     TestProducer::new()?
         .send(&changelog, 2, &[("w1".into(), "stale".into())])
@@ -382,5 +481,175 @@ async fn a_new_pipeline_refuses_a_changelog_with_records() -> anyhow::Result<()>
         r.error()
     );
     assert_eq!(host.api.get("/api/v1/pipelines").await?.body, json!([]));
+    host.stop().await
+}
+
+/// Topics baton creates get the replication factor asked for (the broker's default otherwise),
+/// and its own topics `min.insync.replicas`; a factor the cluster cannot meet is refused with a
+/// clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn internal_topics_are_replicated_as_configured() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dir = tempfile::tempdir()?;
+    let (host, name, input) = word_count_on_kafka(dir.path(), 2, 1).await?;
+    let admin = KafkaAdmin::new(&kafka_bootstrap(), &[])?;
+    let cluster = host.baton.config().cluster.clone();
+    for internal in [
+        format!("{cluster}.control"),
+        format!("{cluster}.modules"),
+        format!("{cluster}.{name}.counts.changelog"),
+        format!("{cluster}.{name}.dlq"),
+    ] {
+        let o = admin.topic_overrides(&internal)?;
+        // One broker: min(2, replication factor 1) = 1.
+        assert_eq!(
+            o.get("min.insync.replicas").map(String::as_str),
+            Some("1"),
+            "{internal}: {o:?}"
+        );
+    }
+    let o = admin.topic_overrides(&input)?;
+    assert!(!o.contains_key("min.insync.replicas"), "{input}: {o:?}");
+    host.stop().await?;
+
+    // Two replicas on a one-broker cluster: refused before anything is created.
+    let dir = tempfile::tempdir()?;
+    let refused = InProcess::start_configured(dir.path(), Some(&kafka_bootstrap()), |c| {
+        if let Some(k) = c.kafka.as_mut() {
+            k.replication_factor = Some(2);
+        }
+    })
+    .await;
+    let e = format!(
+        "{:#}",
+        refused.err().expect("a replication factor of 2 is refused")
+    );
+    assert!(e.to_lowercase().contains("replication"), "{e}");
+    let dir = tempfile::tempdir()?;
+    let refused = InProcess::start_configured(dir.path(), Some(&kafka_bootstrap()), |c| {
+        if let Some(k) = c.kafka.as_mut() {
+            k.min_insync_replicas = Some(2);
+        }
+    })
+    .await;
+    let e = format!(
+        "{:#}",
+        refused
+            .err()
+            .expect("min.insync.replicas 2 > RF 1 is refused")
+    );
+    assert!(e.contains("--min-insync-replicas 2"), "{e}");
+    Ok(())
+}
+
+/// A changelog that is not compacted loses keys on restore: a new pipeline refuses one that
+/// exists with another policy, and a running pipeline whose changelog was changed stops with
+/// the reason instead of running on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changelog_that_is_not_compacted_is_refused() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dir = tempfile::tempdir()?;
+    let host = InProcess::start_with(dir.path(), Some(&kafka_bootstrap())).await?;
+    let api = &host.api;
+    api.upload_plugin("word-count", "word-count", "1").await?;
+    let admin = KafkaAdmin::new(&kafka_bootstrap(), &[])?;
+    let cluster = host.baton.config().cluster.clone();
+    let (name, input) = (unique("wc"), unique("words"));
+    let changelog = format!("{cluster}.{name}.counts.changelog");
+    admin
+        .ensure_topic(&changelog, 2, 1, &[("cleanup.policy", "delete")])
+        .await?;
+    let spec = json!({
+        "name": name, "module": "word-count", "version": "1", "inputs": [input],
+        "stores": ["counts"], "slots": 2
+    });
+    let r = api.post_json("/api/v1/pipelines", &spec).await?;
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(
+        r.error().contains(&changelog) && r.error().contains("cleanup.policy=delete"),
+        "{}",
+        r.error()
+    );
+
+    // A running pipeline whose changelog's policy is changed behind its back.
+    let (name, input) = (unique("wc"), unique("words"));
+    api.create_pipeline(json!({
+        "name": name, "module": "word-count", "version": "1", "inputs": [input],
+        "stores": ["counts"], "slots": 2
+    }))
+    .await?;
+    TestProducer::new()?
+        .send(&input, 2, &[("a".into(), "1".into())])
+        .await?;
+    api.wait_caught_up(&name, 1, Duration::from_secs(60))
+        .await?;
+    host.stop().await?;
+    let changelog = format!("{cluster}.{name}.counts.changelog");
+    admin.set_topic_configs(&changelog, &[("cleanup.policy", "delete")])?;
+    let host = InProcess::start_with(dir.path(), Some(&kafka_bootstrap())).await?;
+    let part = wait_for("the partition to fail", Duration::from_secs(60), || async {
+        let parts = host.api.partitions().await?;
+        Ok(parts
+            .into_iter()
+            .find(|p| p["pipeline"] == name.as_str() && p["state"] == "failed"))
+    })
+    .await?;
+    let error = part["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains(&changelog) && error.contains("cleanup.policy=compact"),
+        "{error}"
+    );
+    host.stop().await
+}
+
+/// State ahead of its changelog (the changelog was deleted and recreated, or truncated) is
+/// wiped and restored from the changelog, as Kafka Streams does; stale counts never come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_ahead_of_a_recreated_changelog_is_wiped_and_restored() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dir = tempfile::tempdir()?;
+    let (host, name, input) = word_count_on_kafka(dir.path(), 2, 1).await?;
+    let producer = TestProducer::new()?;
+    let old: Vec<_> = (0..100)
+        .map(|i| (format!("old-{}", i % 10), "1".to_string()))
+        .collect();
+    producer.send(&input, 2, &old).await?;
+    host.api
+        .wait_caught_up(&name, 100, Duration::from_secs(60))
+        .await?;
+    assert_eq!(host.api.counter(&name, "counts", "old-3").await?, Some(10));
+    let changelog = format!("{}.{name}.counts.changelog", host.baton.config().cluster);
+    host.stop().await?;
+
+    let admin = KafkaAdmin::new(&kafka_bootstrap(), &[])?;
+    admin.delete_topics(&[&changelog]).await?;
+    // Deletion completes in the background: retry the creation until the name is free.
+    wait_for(
+        "the changelog to be recreated",
+        Duration::from_secs(60),
+        || {
+            let (admin, changelog) = (&admin, &changelog);
+            async move {
+                Ok(admin
+                    .ensure_topic(changelog, 2, 1, &[("cleanup.policy", "compact")])
+                    .await
+                    .ok()
+                    .filter(|created| *created))
+            }
+        },
+    )
+    .await?;
+
+    let host = InProcess::start_with(dir.path(), Some(&kafka_bootstrap())).await?;
+    let new: Vec<_> = (0..30)
+        .map(|i| (format!("old-{}", i % 3), "1".to_string()))
+        .collect();
+    producer.send(&input, 2, &new).await?;
+    host.api
+        .wait_caught_up(&name, 130, Duration::from_secs(60))
+        .await?;
+    // The state restored from the (empty) new changelog, then counted the new records only.
+    assert_eq!(host.api.counter(&name, "counts", "old-0").await?, Some(10));
+    assert_eq!(host.api.counter(&name, "counts", "old-3").await?, None);
     host.stop().await
 }

@@ -164,3 +164,43 @@ async fn guests_get_no_clock_randomness_files_or_environment_unless_granted() ->
     );
     host.stop().await
 }
+
+/// `cpu_ms` is the budget of one guest call, not of a batch: a batch of slow but valid records
+/// (about 3 ms each, 500 per call, several calls in one batch) runs longer than `cpu_ms` in
+/// total, and still nothing is dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_batch_of_slow_records_stays_within_the_budget_per_call() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let host = InProcess::start_configured(dir.path(), None, |c| c.task.max_call = 500).await?;
+    let api = &host.api;
+    api.upload_plugin("spin", "spin", "1").await?;
+    api.create_pipeline(json!({
+        "name": "slow", "module": "spin", "version": "1", "inputs": ["slow-in"],
+        "stores": ["counts"], "slots": 1, "partitions": 1,
+        "limits": {"cpu_ms": 2500}, "wasi": {"clocks": true}
+    }))
+    .await?;
+    // 1,200 records of 3 ms: about 3.6 s in one batch, three calls of at most 1.5 s each.
+    let recs: Vec<_> = (0..1200)
+        .map(|i| (format!("k{}", i % 10), Some("busy:3".to_string())))
+        .collect();
+    let started = std::time::Instant::now();
+    api.produce("slow-in", &recs).await?;
+    api.wait_caught_up("slow", 1200, Duration::from_secs(120))
+        .await?;
+    let took = started.elapsed();
+    let parts = api.partitions().await?;
+    assert_eq!(parts[0]["dead_letters"], 0, "{parts:?}");
+    assert_eq!(parts[0]["records"], 1200, "{parts:?}");
+    for i in 0..10 {
+        assert_eq!(
+            api.counter("slow", "counts", &format!("k{i}")).await?,
+            Some(120)
+        );
+    }
+    assert!(
+        took > Duration::from_millis(2500),
+        "the batch took {took:?}, not longer than one call's budget: the test proves nothing"
+    );
+    host.stop().await
+}

@@ -4,11 +4,15 @@
 mod api;
 mod cli;
 mod dead_letters;
+mod faults;
 mod http_errors;
+mod idle_offsets;
 mod kafka;
+mod lifecycle;
 mod limits;
 mod memory;
 mod openapi;
 mod restart;
 mod swap;
+mod too_large;
 mod word_count;

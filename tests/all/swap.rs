@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use baton_tests::{
-    Api, InProcess, count, kafka_bootstrap, kafka_lock, plugin_bytes, unique, with_custom_section,
-    words,
+    Api, InProcess, count, kafka_bootstrap, kafka_lock, plugin_bytes, unique, wait_for,
+    with_custom_section, words,
 };
 use serde_json::{Value, json};
 
@@ -55,19 +55,33 @@ async fn swaps_under_load(kafka: bool) -> anyhow::Result<()> {
     }))
     .await?;
 
-    let keys = words(60_000, 300, 21);
-    let done = Arc::new(AtomicBool::new(false));
+    // The producer sends until told to stop, so records flow during and after every swap.
+    let vocabulary = words(60_000, 300, 21);
+    let stop = Arc::new(AtomicBool::new(false));
     let producer = {
-        let (api, input, keys, done) = (api.clone(), input.clone(), keys.clone(), done.clone());
+        let (api, input, stop) = (api.clone(), input.clone(), stop.clone());
         tokio::spawn(async move {
-            for chunk in keys.chunks(500) {
+            let mut sent = Vec::new();
+            for chunk in vocabulary.chunks(500).cycle() {
+                if stop.load(Ordering::Acquire) {
+                    break;
+                }
                 let recs: Vec<_> = chunk.iter().map(|k| (k.clone(), None)).collect();
                 api.produce(&input, &recs).await?;
+                sent.extend_from_slice(chunk);
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            done.store(true, Ordering::Release);
-            anyhow::Ok(())
+            anyhow::Ok(sent)
         })
+    };
+    let processed = |api: Api| async move {
+        let parts = api.partitions().await?;
+        anyhow::Ok(
+            parts
+                .iter()
+                .map(|p| p["records"].as_u64().unwrap_or(0))
+                .sum::<u64>(),
+        )
     };
 
     let mut pauses = Vec::new();
@@ -81,8 +95,20 @@ async fn swaps_under_load(kafka: bool) -> anyhow::Result<()> {
             pauses.push(p["report"]["pause_us"].as_u64().unwrap_or(u64::MAX));
         }
     }
-    let still_flowing = !done.load(Ordering::Acquire);
-    producer.await??;
+    // Records keep being processed after the last swap.
+    let at_last_swap = processed(api.clone()).await?;
+    wait_for(
+        "records processed after the last swap",
+        Duration::from_secs(30),
+        || {
+            let api = api.clone();
+            async move { Ok((processed(api).await? >= at_last_swap + 2_000).then_some(())) }
+        },
+    )
+    .await?;
+    stop.store(true, Ordering::Release);
+    let keys = producer.await??;
+    assert!(keys.len() > 2_000, "only {} records were sent", keys.len());
     api.wait_caught_up(&name, keys.len() as u64, Duration::from_secs(180))
         .await?;
     for (key, n) in count(keys.iter().map(String::as_str)) {
@@ -99,7 +125,7 @@ async fn swaps_under_load(kafka: bool) -> anyhow::Result<()> {
     pauses.sort_unstable();
     assert_eq!(pauses.len(), 40);
     eprintln!(
-        "{} swaps under load ({}): pause p50 {} µs, p99 {} µs, max {} µs; records still flowing after the last swap: {still_flowing}",
+        "{} swaps under load ({}): pause p50 {} µs, p99 {} µs, max {} µs",
         pauses.len(),
         if kafka { "Kafka" } else { "embedded" },
         percentile(&pauses, 0.5),
@@ -231,5 +257,70 @@ async fn a_version_that_fails_its_first_batches_is_rolled_back_without_losing_re
     let parts = api.partitions().await?;
     assert_eq!(parts[0]["dead_letters"], 0, "{parts:?}");
     assert_eq!(parts[0]["last_swap"]["outcome"], "swapped", "{parts:?}");
+    host.stop().await
+}
+
+/// A partition that refuses a new version goes on processing at once: recording the rollback
+/// waits for the control lock, which a long admin call may hold, on a thread of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_does_not_stall_the_partition_behind_an_admin_call() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let host = InProcess::start(dir.path()).await?;
+    let api = &host.api;
+    api.upload_plugin("word-count", "word-count", "1").await?;
+    // Version 2 fails every record whose value is `x`.
+    api.upload_plugin("fail-on", "word-count", "2").await?;
+    api.create_pipeline(json!({
+        "name": "wc", "module": "word-count", "version": "1", "inputs": ["words"],
+        "stores": ["counts"], "slots": 2, "partitions": 1, "config": {"value": "x"}
+    }))
+    .await?;
+    let keys = words(300, 20, 8);
+    let recs: Vec<_> = keys
+        .iter()
+        .map(|k| (k.clone(), Some("x".to_string())))
+        .collect();
+    api.produce("words", &recs[..100]).await?;
+    api.wait_caught_up("wc", 100, Duration::from_secs(30))
+        .await?;
+    let r = swap(api, "wc", "2").await?;
+    assert_eq!(r["outcome"], "swapped", "{r}");
+
+    // An admin call holds the control lock for as long as the test wants.
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let (held, is_held) = std::sync::mpsc::channel::<()>();
+    let baton = host.baton.clone();
+    let holder = std::thread::spawn(move || {
+        let _g = baton.hold_control_for_test();
+        let _ = held.send(());
+        let _ = released.recv_timeout(Duration::from_secs(60));
+    });
+    is_held.recv_timeout(Duration::from_secs(10))?;
+    // Every record fails under version 2: the partition rolls back and processes them with
+    // version 1, while the lock is held.
+    api.produce("words", &recs[100..]).await?;
+    let caught_up = api.wait_caught_up("wc", 300, Duration::from_secs(20)).await;
+    let _ = release.send(());
+    holder.join().expect("the lock holder");
+    caught_up?;
+    let parts = api.partitions().await?;
+    assert_eq!(parts[0]["dead_letters"], 0, "{parts:?}");
+    for (key, n) in count(keys.iter().map(String::as_str)) {
+        assert_eq!(api.counter("wc", "counts", &key).await?, Some(n), "{key}");
+    }
+    // Once the lock is free, the rollback is recorded.
+    let info = wait_for(
+        "the rollback to be recorded",
+        Duration::from_secs(10),
+        || async {
+            let info = api.get("/api/v1/pipelines/wc").await?.body;
+            Ok((info["version"] == "1").then_some(info))
+        },
+    )
+    .await?;
+    let reason = info["swaps"][1]["rollback_reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(reason.contains("failed"), "{info}");
     host.stop().await
 }

@@ -89,10 +89,7 @@ fn now_micros() -> u64 {
 fn open_host(dir: &Path, cluster: &str) -> Result<Arc<Baton>> {
     let mut cfg = HostConfig::new(dir);
     cfg.state_memory = 256 << 20;
-    cfg.kafka = Some(baton::transport::kafka::KafkaConfig {
-        bootstrap: bootstrap(),
-        settings: vec![],
-    });
+    cfg.kafka = Some(baton::transport::kafka::KafkaConfig::new(bootstrap()));
     cfg.cluster = cluster.to_string();
     cfg.native_modules = vec![
         NativeModule {
@@ -544,7 +541,7 @@ fn main() -> Result<()> {
     );
     for (key, want) in expected.iter().take(50) {
         let got = baton
-            .lookup("wc-wasm-eos", "counts", key.as_bytes())
+            .lookup("wc-wasm-eos", "counts", key.as_bytes(), None)
             .map_err(|e| anyhow::anyhow!("{e}"))?
             .and_then(|l| l.value_i64);
         if got != Some(*want) {

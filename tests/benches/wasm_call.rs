@@ -3,7 +3,6 @@
 //!
 //! `cargo bench -p baton-tests --bench wasm_call`
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use baton::runtime::{Cursor, HostCtx, Message, Runtime};
@@ -54,7 +53,7 @@ fn bench(c: &mut Criterion) {
     let ctx = HostCtx::new(
         "bench".into(),
         db.clone(),
-        Arc::new(HashMap::new()),
+        Arc::new(baton::runtime::WriteLimits::default()),
         64 << 20,
         Default::default(),
     );

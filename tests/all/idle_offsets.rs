@@ -1,0 +1,142 @@
+//! An idle slot keeps its input offset: every transaction commits the offset of every owned slot,
+//! so the broker never expires an idle slot's offset while the partition runs; and when the
+//! group's offsets are gone anyway (a pipeline idle past `offsets.retention.minutes`), a restart
+//! resumes from RocksDB's offsets instead of reprocessing the topic on top of restored state.
+//!
+//! Runs on a broker of its own with `offsets.retention.minutes=1` (its minimum; a static broker
+//! setting) and a 1 s expiry check, so it does not take the shared broker's lock.
+
+use std::time::{Duration, Instant};
+
+use baton::transport::partitioner::partition_for_key;
+use baton_tests::{InProcess, OwnBroker, count, group_offsets_on, wait_for};
+use serde_json::json;
+
+const RETENTION: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_slots_keep_their_offsets_past_the_group_offset_retention() -> anyhow::Result<()> {
+    let broker = tokio::task::spawn_blocking(|| {
+        OwnBroker::start(
+            19092,
+            &[
+                "offsets.retention.minutes=1",
+                "offsets.retention.check.interval.ms=1000",
+            ],
+        )
+    })
+    .await??;
+    let bootstrap = broker.bootstrap();
+    let dir = tempfile::tempdir()?;
+    let host = InProcess::start_with(dir.path(), Some(&bootstrap)).await?;
+    let api = host.api.clone();
+    api.upload_plugin("word-count", "word-count", "1").await?;
+    let created = api
+        .create_pipeline(json!({
+            "name": "idle", "module": "word-count", "version": "1",
+            "inputs": ["idle-words"], "stores": ["counts"], "slots": 2, "partitions": 1
+        }))
+        .await?;
+    let group = format!("{}.idle", baton_tests::cluster_name(dir.path()));
+    assert!(
+        created["dlq"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with(&group)
+    );
+    let key_in = |slot: u32| {
+        (0..)
+            .map(move |i| format!("k{slot}-{i}"))
+            .filter(move |k| partition_for_key(k.as_bytes(), 2) == slot)
+    };
+    let slot0: Vec<String> = key_in(0).take(20).collect();
+    let slot1: Vec<String> = key_in(1).take(20).collect();
+    let mut produced: Vec<String> = Vec::new();
+    let produce = |keys: Vec<String>| {
+        let api = api.clone();
+        async move {
+            let recs: Vec<_> = keys.iter().map(|k| (k.clone(), None)).collect();
+            api.produce("idle-words", &recs).await?;
+            anyhow::Ok(keys)
+        }
+    };
+
+    // Both slots get records; then only slot 0 does, for longer than the retention.
+    let first: Vec<String> = slot0
+        .iter()
+        .chain(&slot1)
+        .cycle()
+        .take(200)
+        .cloned()
+        .collect();
+    produced.extend(produce(first).await?);
+    api.wait_caught_up("idle", 200, Duration::from_secs(60))
+        .await?;
+    let slot1_end = produced
+        .iter()
+        .filter(|k| partition_for_key(k.as_bytes(), 2) == 1)
+        .count() as u64;
+    let busy_until = Instant::now() + RETENTION + Duration::from_secs(10);
+    let mut i = 0;
+    while Instant::now() < busy_until {
+        produced.extend(produce(vec![slot0[i % slot0.len()].clone()]).await?);
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    api.wait_caught_up("idle", produced.len() as u64, Duration::from_secs(60))
+        .await?;
+    let offsets = group_offsets_on(&bootstrap, &group, "idle-words", 2)?;
+    eprintln!("after {i} records to slot 0 only: group offsets {offsets:?}");
+    assert_eq!(
+        offsets[1],
+        Some(slot1_end),
+        "slot 1 was idle for longer than offsets.retention.minutes: its offset must still be \
+         committed"
+    );
+
+    // Now the whole pipeline idles until the broker expires its offsets.
+    wait_for(
+        "the broker to expire the idle group's offsets",
+        RETENTION + Duration::from_secs(60),
+        || {
+            let (b, g) = (bootstrap.clone(), group.clone());
+            async move {
+                let o = group_offsets_on(&b, &g, "idle-words", 2)?;
+                Ok(o.iter().all(Option::is_none).then_some(()))
+            }
+        },
+    )
+    .await?;
+    host.stop().await?;
+
+    // A restart resumes from RocksDB's offsets: nothing is counted twice.
+    let host = InProcess::start_with(dir.path(), Some(&bootstrap)).await?;
+    let api = host.api.clone();
+    let last: Vec<String> = slot1
+        .iter()
+        .chain(&slot0)
+        .cycle()
+        .take(100)
+        .cloned()
+        .collect();
+    let recs: Vec<_> = last.iter().map(|k| (k.clone(), None)).collect();
+    api.produce("idle-words", &recs).await?;
+    produced.extend(last);
+    api.wait_caught_up("idle", produced.len() as u64, Duration::from_secs(60))
+        .await?;
+    let parts = api.partitions().await?;
+    assert_eq!(
+        parts[0]["records"], 100,
+        "after the restart only the new records are processed: {parts:?}"
+    );
+    for (key, n) in count(produced.iter().map(String::as_str)) {
+        assert_eq!(
+            api.counter("idle", "counts", &key).await?,
+            Some(n),
+            "count of {key}"
+        );
+    }
+    host.stop().await?;
+    drop(broker);
+    Ok(())
+}
