@@ -14,8 +14,8 @@ use serde::Serialize;
 
 use crate::cluster::pipeline::{changelog_topic, dlq_topic};
 use crate::cluster::{
-    Catalog, ControlEvent, ModuleDeletion, ModuleRecord, PipelineDeletion, PipelineRecord,
-    PipelineSpec, PipelineUpdate, Start, SwapRecord, now_ms,
+    Catalog, ControlEvent, DeadLetterReplay, ModuleDeletion, ModuleRecord, PipelineDeletion,
+    PipelineRecord, PipelineSpec, PipelineUpdate, ReplayRange, Start, SwapRecord, now_ms,
 };
 use crate::error::{Error, Result};
 use crate::runtime::{
@@ -25,8 +25,8 @@ use crate::state::{PartitionDb, StateEnv, slot_key};
 use crate::task::kafka::KafkaIo;
 use crate::task::{
     EmbeddedIo, Event, EventLog, IoFactory, LoopTimeMs, ModuleTarget, PartitionIo, PartitionStatus,
-    PartitionTask, Phase, RestoreProgress, RollbackHook, Settings, SlotProgress, SwapOutcome,
-    SwapReport, TaskConfig,
+    PartitionTask, Phase, ReplayPlan, ReplayProgress, RestoreProgress, RollbackHook, Settings,
+    SlotProgress, SwapOutcome, SwapReport, TaskConfig,
 };
 use crate::transport::embedded::EmbeddedLog;
 use crate::transport::kafka::{KafkaConfig, KafkaTransport};
@@ -132,6 +132,9 @@ pub struct PartitionInfo {
     /// Its last hot swap.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_swap: Option<SwapReport>,
+    /// Replays of dead letters in progress, per slot.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub replay: Vec<ReplayProgress>,
 }
 
 /// A pipeline as `GET /api/v1/pipelines` shows it.
@@ -336,6 +339,8 @@ pub struct Baton {
     partitions: RwLock<BTreeMap<String, Arc<PartitionHandle>>>,
     /// Per pipeline: the module version its partitions should run.
     targets: RwLock<BTreeMap<String, Arc<ModuleTarget>>>,
+    /// Per pipeline: the dead letters its partitions replay.
+    replay_plans: RwLock<BTreeMap<String, Arc<ReplayPlan>>>,
     /// Per pipeline: recent events.
     events: RwLock<BTreeMap<String, Arc<EventLog>>>,
     /// Who owns a slot (always this host for now).
@@ -350,6 +355,8 @@ pub struct Baton {
     creating: Mutex<std::collections::BTreeSet<String>>,
     /// Pipelines being deleted.
     deleting: Mutex<std::collections::BTreeSet<String>>,
+    /// Control-log appends that fail on purpose (tests only).
+    control_faults: AtomicU32,
     /// Pipelines whose partitions could not start here, with the reason.
     start_failures: RwLock<BTreeMap<String, String>>,
 }
@@ -384,6 +391,7 @@ impl Baton {
             me: me.clone(),
             resolver: Box::new(LocalResolver),
             targets: RwLock::new(BTreeMap::new()),
+            replay_plans: RwLock::new(BTreeMap::new()),
             events: RwLock::new(BTreeMap::new()),
             config,
             control_topic,
@@ -400,6 +408,7 @@ impl Baton {
             control: Mutex::new(()),
             creating: Mutex::new(Default::default()),
             deleting: Mutex::new(Default::default()),
+            control_faults: AtomicU32::new(0),
             start_failures: RwLock::new(BTreeMap::new()),
         });
         for m in &baton.config.native_modules {
@@ -454,7 +463,22 @@ impl Baton {
             .join(format!("{sha256}.wasm"))
     }
 
+    /// Makes the next `n` control-log appends fail (tests only).
+    #[doc(hidden)]
+    pub fn fail_control_appends_for_test(&self, n: u32) {
+        self.control_faults.store(n, Ordering::SeqCst);
+    }
+
     fn append_control(&self, event: &ControlEvent) -> Result<()> {
+        if self
+            .control_faults
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(Error::Unavailable(
+                "control log append failed (injected)".into(),
+            ));
+        }
         let value = serde_json::to_vec(event).map_err(|e| Error::Internal(e.to_string()))?;
         let record = Record {
             key: None,
@@ -709,6 +733,7 @@ impl Baton {
             created_at: now_ms(),
             prefix: self.config.cluster.clone(),
             swaps: Vec::new(),
+            replays: BTreeMap::new(),
         };
         {
             // The log's or nobody's: applied only once appended.
@@ -880,6 +905,7 @@ impl Baton {
         }
         self.partitions.write().retain(|_, h| h.pipeline != name);
         self.targets.write().remove(name);
+        self.replay_plans.write().remove(name);
         self.events.write().remove(name);
         self.start_failures.write().remove(name);
     }
@@ -920,6 +946,78 @@ impl Baton {
         self.append_control(&event)?;
         self.catalog.lock().apply(event);
         Ok(deletion)
+    }
+
+    /// Replays dead letters of a pipeline through its current version, exactly once: those of
+    /// `slot` (every slot without it) from `from` to `to` (by default, from where the last
+    /// replay of the slot ended to the end of the dead-letter topic now). A range that starts
+    /// before the end of an earlier one is refused: no dead letter is replayed twice.
+    pub fn replay_dead_letters(
+        &self,
+        name: &str,
+        slot: Option<u32>,
+        from: Option<u64>,
+        to: Option<u64>,
+    ) -> Result<DeadLetterReplay> {
+        let record = self.pipeline(name)?;
+        if slot.is_none() && (from.is_some() || to.is_some()) {
+            return Err(Error::BadRequest(
+                "`from` and `to` are offsets of one partition of the dead-letter topic: name \
+                 its `slot` too"
+                    .into(),
+            ));
+        }
+        let slots: Vec<u32> = match slot {
+            Some(s) if s >= record.spec.slots => {
+                return Err(Error::BadRequest(format!(
+                    "slot {s} does not exist: pipeline `{name}` has slots 0 to {}",
+                    record.spec.slots - 1
+                )));
+            }
+            Some(s) => vec![s],
+            None => (0..record.spec.slots).collect(),
+        };
+        let plan =
+            self.replay_plans.read().get(name).cloned().ok_or_else(|| {
+                Error::Unavailable(format!("pipeline `{name}` is not running here"))
+            })?;
+        let dlq = record.dlq_topic();
+        let _g = self.control.lock();
+        let record = self.pipeline(name)?;
+        let mut ranges = Vec::new();
+        for s in slots {
+            let done = record
+                .replays
+                .get(&s)
+                .and_then(|r| r.last())
+                .map_or(0, |(_, to)| *to);
+            let end = self.transport.end_offset(&dlq, s)?;
+            let (from, to) = (from.unwrap_or(done), to.unwrap_or(end).min(end));
+            if from < done {
+                return Err(Error::Conflict(format!(
+                    "dead letters of slot {s} up to offset {done} were already replayed (or are \
+                     being replayed); replay from {done} on"
+                )));
+            }
+            if from < to {
+                ranges.push(ReplayRange { slot: s, from, to });
+            }
+        }
+        let replay = DeadLetterReplay {
+            pipeline: name.to_string(),
+            ranges,
+            at: now_ms(),
+        };
+        if !replay.ranges.is_empty() {
+            let event = ControlEvent::DeadLettersReplayed(replay.clone());
+            self.append_control(&event)?;
+            self.catalog.lock().apply(event);
+            for r in &replay.ranges {
+                plan.add(r.slot, r.from, r.to);
+            }
+            tracing::info!(pipeline = name, ranges = ?replay.ranges, "replaying dead letters");
+        }
+        Ok(replay)
     }
 
     /// Every pipeline.
@@ -1077,14 +1175,29 @@ impl Baton {
 
     /// Called by a partition that refused `generation`: takes the pipeline back to the version
     /// it ran before, unless something newer was asked for meanwhile, and records why.
+    /// Records a partition's rollback in the control log, then applies it. Until the record is
+    /// in the log nothing changes (each partition keeps refusing the version on its own); a
+    /// failed append is retried every second for up to five minutes.
     fn auto_rollback(&self, pipeline: &str, generation: u64, reason: &str) {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while !self.try_auto_rollback(pipeline, generation, reason) {
+            if Instant::now() > deadline {
+                tracing::error!(pipeline, "giving up recording the rollback: {reason}");
+                return;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+
+    /// One attempt of [`Baton::auto_rollback`]: false when the append failed.
+    fn try_auto_rollback(&self, pipeline: &str, generation: u64, reason: &str) -> bool {
         let _g = self.control.lock();
         let Some(target) = self.targets.read().get(pipeline).cloned() else {
-            return;
+            return true;
         };
         let from = target.get().version;
         let Some(back) = target.rollback_target(generation) else {
-            return;
+            return true;
         };
         tracing::warn!(pipeline, from = %from, to = %back.version, "automatic rollback: {reason}");
         let current = target.get();
@@ -1115,12 +1228,13 @@ impl Baton {
         if let Err(e) = self.append_control(&event) {
             tracing::error!(
                 pipeline,
-                "recording the rollback in the control log failed: {e}"
+                "recording the rollback in the control log failed (retrying): {e}"
             );
-            return;
+            return false;
         }
         target.roll_back(generation);
         self.catalog.lock().apply(event);
+        true
     }
 
     /// Changes a running pipeline's limits, config, swap policy or WASI grants: checked (the
@@ -1280,6 +1394,10 @@ impl Baton {
         }
         let outputs = Arc::new(limits);
         let target = ModuleTarget::new(spec.version.clone(), module, Settings::of(spec));
+        let replays = ReplayPlan::new(record.replays.clone());
+        self.replay_plans
+            .write()
+            .insert(spec.name.clone(), replays.clone());
         self.targets
             .write()
             .insert(spec.name.clone(), target.clone());
@@ -1359,6 +1477,7 @@ impl Baton {
                 status: status.clone(),
                 stop: stop.clone(),
                 isolate: Mutex::new(None),
+                replays: replays.clone(),
             };
             let thread = std::thread::Builder::new()
                 .name(format!("baton-{id}"))
@@ -1416,6 +1535,7 @@ impl Baton {
                     time_ms: h.status.time.snapshot(),
                     version: h.status.version.lock().clone(),
                     last_swap: h.status.swap.last.lock().clone(),
+                    replay: h.status.replay.lock().clone(),
                 }
             })
             .collect()

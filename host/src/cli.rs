@@ -75,6 +75,21 @@ pub enum Pipelines {
         /// The change.
         file: PathBuf,
     },
+    /// Processes dead letters again through the current version, exactly once: all of them, or
+    /// one slot's range.
+    Replay {
+        /// The pipeline.
+        pipeline: String,
+        /// Only this slot's dead letters.
+        #[arg(long)]
+        slot: Option<u32>,
+        /// First offset (with --slot).
+        #[arg(long)]
+        from: Option<u64>,
+        /// End offset, exclusive (with --slot).
+        #[arg(long)]
+        to: Option<u64>,
+    },
     /// Deletes a pipeline; `--purge` deletes its state too and frees the name.
     Delete {
         /// The pipeline.
@@ -200,6 +215,21 @@ async fn call_api(c: &Client, call: Call) -> anyhow::Result<Value> {
             c.send(
                 c.request(Method::PATCH, &format!("/api/v1/pipelines/{pipeline}"))
                     .json(&patch),
+            )
+            .await
+        }
+        Call::Pipelines(Pipelines::Replay {
+            pipeline,
+            slot,
+            from,
+            to,
+        }) => {
+            c.send(
+                c.request(
+                    Method::POST,
+                    &format!("/api/v1/pipelines/{pipeline}/dead-letters/replay"),
+                )
+                .json(&json!({ "slot": slot, "from": from, "to": to })),
             )
             .await
         }

@@ -119,3 +119,118 @@ async fn on_kafka_a_trapping_record_goes_to_the_dlq_topic() -> anyhow::Result<()
 async fn a_trapping_record_goes_to_the_dlq_and_the_rest_is_processed() -> anyhow::Result<()> {
     poison_run("trap", false).await
 }
+
+/// Dead letters are processed again, through the version that fixed them, exactly once: a
+/// second request replays nothing, an overlapping range is refused, and a restart does not
+/// replay them again.
+async fn replay_run(kafka: bool) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let bootstrap = kafka_bootstrap();
+    let kafka_at = kafka.then_some(bootstrap.as_str());
+    let host = InProcess::start_with(dir.path(), kafka_at).await?;
+    let api = host.api.clone();
+    // Version 1 fails records whose value is `bad`; version 2 (word-count) counts them all.
+    api.upload_plugin("fail-on", "p", "1").await?;
+    api.upload_plugin("word-count", "p", "2").await?;
+    let (name, input) = (unique("replay"), unique("in"));
+    api.create_pipeline(json!({
+        "name": name, "module": "p", "version": "1", "inputs": [input],
+        "stores": ["counts"], "slots": 4, "partitions": 2, "config": {"value": "bad"}
+    }))
+    .await?;
+    let keys = words(300, 20, 6);
+    let recs: Vec<_> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            (
+                k.clone(),
+                Some(if i % 7 == 3 { "bad" } else { "ok" }.to_string()),
+            )
+        })
+        .collect();
+    let bad = recs
+        .iter()
+        .filter(|(_, v)| v.as_deref() == Some("bad"))
+        .count() as u64;
+    api.produce(&input, &recs).await?;
+    api.wait_caught_up(&name, 300, Duration::from_secs(60))
+        .await?;
+    let dead = |api: baton_tests::Api| async move {
+        let parts = api.partitions().await?;
+        anyhow::Ok(
+            parts
+                .iter()
+                .map(|p| p["dead_letters"].as_u64().unwrap_or(0))
+                .sum::<u64>(),
+        )
+    };
+    assert_eq!(dead(api.clone()).await?, bad);
+    let r = api
+        .put_json(
+            &format!("/api/v1/pipelines/{name}/module"),
+            &json!({"version": "2"}),
+        )
+        .await?;
+    assert_eq!(r.status, 200, "{r:?}");
+
+    let path = format!("/api/v1/pipelines/{name}/dead-letters/replay");
+    let r = api.post_json(&path, &json!({})).await?;
+    assert_eq!(r.status, 202, "{r:?}");
+    let requested: u64 = r.body["ranges"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|x| x["to"].as_u64().unwrap_or(0) - x["from"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(requested >= bad, "{}", r.body);
+    let expected = count(keys.iter().map(String::as_str));
+    wait_for(
+        "the replayed dead letters to be counted",
+        Duration::from_secs(60),
+        || {
+            let (api, name, expected) = (api.clone(), name.clone(), expected.clone());
+            async move {
+                for (key, n) in &expected {
+                    if api.counter(&name, "counts", key).await? != Some(*n) {
+                        return Ok(None);
+                    }
+                }
+                Ok(Some(()))
+            }
+        },
+    )
+    .await?;
+    assert_eq!(dead(api.clone()).await?, bad, "no record failed again");
+    // Nothing is replayed twice.
+    let r = api.post_json(&path, &json!({})).await?;
+    assert_eq!(r.status, 202, "{r:?}");
+    assert_eq!(r.body["ranges"], json!([]), "{}", r.body);
+    let r = api.post_json(&path, &json!({"slot": 0, "from": 0})).await?;
+    assert_eq!(r.status, 409, "{r:?}");
+    assert_eq!(api.post_json(&path, &json!({"from": 0})).await?.status, 400);
+    host.stop().await?;
+    let host = InProcess::start_with(dir.path(), kafka_at).await?;
+    host.api
+        .wait_caught_up(&name, 300, Duration::from_secs(60))
+        .await?;
+    for (key, n) in &expected {
+        assert_eq!(
+            host.api.counter(&name, "counts", key).await?,
+            Some(*n),
+            "{key}"
+        );
+    }
+    host.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_replayed_exactly_once() -> anyhow::Result<()> {
+    replay_run(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_kafka_dead_letters_are_replayed_exactly_once() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    replay_run(true).await
+}

@@ -324,3 +324,58 @@ async fn a_rollback_does_not_stall_the_partition_behind_an_admin_call() -> anyho
     assert!(reason.contains("failed"), "{info}");
     host.stop().await
 }
+
+/// A rollback is the control log's or nobody's: while its record cannot be appended the
+/// pipeline shows the version it was asked to run (and a restart would run it), the partitions
+/// keep refusing it on their own, and once the log takes the record the rollback shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_the_control_log_refuses_changes_nothing_until_recorded() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let host = InProcess::start(dir.path()).await?;
+    let api = &host.api;
+    api.upload_plugin("word-count", "word-count", "1").await?;
+    api.upload_plugin("fail-on", "word-count", "2").await?;
+    api.create_pipeline(json!({
+        "name": "wc", "module": "word-count", "version": "1", "inputs": ["words"],
+        "stores": ["counts"], "slots": 2, "partitions": 1, "config": {"value": "x"}
+    }))
+    .await?;
+    let r = swap(api, "wc", "2").await?;
+    assert_eq!(r["outcome"], "swapped", "{r}");
+    host.baton.fail_control_appends_for_test(1_000);
+    let keys = words(200, 10, 3);
+    let recs: Vec<_> = keys
+        .iter()
+        .map(|k| (k.clone(), Some("x".to_string())))
+        .collect();
+    api.produce("words", &recs).await?;
+    api.wait_caught_up("wc", 200, Duration::from_secs(30))
+        .await?;
+    let parts = api.partitions().await?;
+    assert_eq!(parts[0]["last_swap"]["outcome"], "rolled-back", "{parts:?}");
+    assert_eq!(
+        parts[0]["version"], "1",
+        "the partition runs the version it went back to"
+    );
+    let info = api.get("/api/v1/pipelines/wc").await?.body;
+    assert_eq!(
+        info["version"], "2",
+        "not in the log, not in the catalog: {info}"
+    );
+    assert_eq!(info["swaps"].as_array().map(Vec::len), Some(1), "{info}");
+    for (key, n) in count(keys.iter().map(String::as_str)) {
+        assert_eq!(api.counter("wc", "counts", &key).await?, Some(n), "{key}");
+    }
+    host.baton.fail_control_appends_for_test(0);
+    let info = wait_for(
+        "the rollback to be recorded",
+        Duration::from_secs(10),
+        || async {
+            let info = api.get("/api/v1/pipelines/wc").await?.body;
+            Ok((info["version"] == "1").then_some(info))
+        },
+    )
+    .await?;
+    assert!(info["swaps"][1]["rollback_reason"].is_string(), "{info}");
+    host.stop().await
+}

@@ -45,6 +45,32 @@ pub enum ControlEvent {
     ModuleDeleted(ModuleDeletion),
     /// A running pipeline's settings changed (`PATCH`).
     PipelineUpdated(PipelineUpdate),
+    /// Dead letters of a pipeline are to be processed again.
+    DeadLettersReplayed(DeadLetterReplay),
+}
+
+/// A request to process dead letters again through the pipeline's current version.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterReplay {
+    /// The pipeline.
+    pub pipeline: String,
+    /// Per slot (partition of the dead-letter topic): the offsets `[from, to)` to replay.
+    pub ranges: Vec<ReplayRange>,
+    /// When (ms since the epoch).
+    pub at: i64,
+}
+
+/// Dead letters of one slot to replay.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayRange {
+    /// The slot, which is also the partition of the dead-letter topic.
+    pub slot: u32,
+    /// The first offset.
+    pub from: u64,
+    /// The end (exclusive).
+    pub to: u64,
 }
 
 /// A change of a running pipeline's settings: the fields given replace the spec's.
@@ -189,6 +215,16 @@ impl Catalog {
                     .or_else(|| self.deleted.remove(&d.pipeline));
                 if let (false, Some(r)) = (d.purge, record) {
                     self.deleted.insert(d.pipeline, r);
+                }
+            }
+            ControlEvent::DeadLettersReplayed(r) => {
+                if let Some(p) = self.pipelines.get_mut(&r.pipeline) {
+                    for range in r.ranges {
+                        p.replays
+                            .entry(range.slot)
+                            .or_default()
+                            .push((range.from, range.to));
+                    }
                 }
             }
             ControlEvent::PipelineUpdated(u) => {

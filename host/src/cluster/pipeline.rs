@@ -239,6 +239,10 @@ pub struct PipelineRecord {
     /// The last swaps of its module version, oldest first.
     #[serde(default)]
     pub swaps: Vec<super::SwapRecord>,
+    /// Dead letters to process again, per slot: ranges `[from, to)` of the slot's partition of
+    /// the dead-letter topic, in the order requested.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub replays: BTreeMap<u32, Vec<(u64, u64)>>,
 }
 
 fn default_prefix() -> String {

@@ -6,12 +6,14 @@ use axum::Json;
 use schemars::generate::{SchemaGenerator, SchemaSettings};
 use serde_json::{Map, Value, json};
 
-use super::pipelines::SwapBody;
+use super::pipelines::{ReplayBody, SwapBody};
 use super::topics::{NewRecord, ReadOut, TopicInfo};
 use crate::app::{
     Lookup, PartitionInfo, PipelineInfo, PipelinePatch, Produced, ScanPage, SwapResult,
 };
-use crate::cluster::{ModuleDeletion, ModuleRecord, PipelineDeletion, PipelineSpec};
+use crate::cluster::{
+    DeadLetterReplay, ModuleDeletion, ModuleRecord, PipelineDeletion, PipelineSpec,
+};
 use crate::task::Event;
 
 type Param = (&'static str, &'static str, bool, &'static str, &'static str);
@@ -257,6 +259,19 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
                 Some(s(|g| g.subschema_for::<Lookup>())),
             ),
             errors: &[400, 404, 503],
+        },
+        Op {
+            method: "post",
+            path: "/api/v1/pipelines/{pipeline}/dead-letters/replay",
+            summary: "Processes dead letters again through the pipeline's current version, exactly once: all of them ({}), or one slot's offset range ({slot, from?, to?}). Progress shows in the partitions' `replay`. 409 for a range that overlaps one replayed before.",
+            params: &[P_PIPELINE],
+            request: Some(("application/json", s(|g| g.subschema_for::<ReplayBody>()))),
+            ok: (
+                202,
+                "application/json",
+                Some(s(|g| g.subschema_for::<DeadLetterReplay>())),
+            ),
+            errors: &[400, 404, 409, 503],
         },
         Op {
             method: "patch",

@@ -8,7 +8,7 @@ use axum::{Json, Router};
 
 use super::{ApiError, AppState, blocking};
 use crate::app::{Lookup, PipelineInfo, PipelinePatch, ScanPage, SwapResult};
-use crate::cluster::{PipelineDeletion, PipelineSpec};
+use crate::cluster::{DeadLetterReplay, PipelineDeletion, PipelineSpec};
 use crate::error::Error;
 use crate::task::Event;
 
@@ -21,6 +21,10 @@ pub(super) fn router() -> Router<AppState> {
         )
         .route("/api/v1/pipelines/{pipeline}/module", put(swap))
         .route("/api/v1/pipelines/{pipeline}/events", get(events))
+        .route(
+            "/api/v1/pipelines/{pipeline}/dead-letters/replay",
+            post(replay),
+        )
         .route(
             "/api/v1/pipelines/{pipeline}/stores/{store}/keys",
             get(scan),
@@ -56,6 +60,32 @@ async fn update(
         StatusCode::ACCEPTED
     };
     Ok((status, Json(info)))
+}
+
+/// The body of `POST /api/v1/pipelines/{p}/dead-letters/replay`.
+#[derive(serde::Deserialize, schemars::JsonSchema, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ReplayBody {
+    /// Replay only this slot's dead letters (its partition of the dead-letter topic).
+    slot: Option<u32>,
+    /// First offset (with `slot`); default: where the slot's last replay ended.
+    from: Option<u64>,
+    /// End offset, exclusive (with `slot`); default: the end of the dead-letter topic now.
+    to: Option<u64>,
+}
+
+async fn replay(
+    State(baton): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    body: Result<Json<ReplayBody>, JsonRejection>,
+) -> Result<(StatusCode, Json<DeadLetterReplay>), ApiError> {
+    let Path(name) = path?;
+    let Json(b) = body.map_err(|e| {
+        ApiError::from(e)
+            .with_hint(r#"send {} for every dead letter, or {"slot": N, "from": A, "to": B}"#)
+    })?;
+    let r = blocking(move || baton.replay_dead_letters(&name, b.slot, b.from, b.to)).await?;
+    Ok((StatusCode::ACCEPTED, Json(r)))
 }
 
 /// Query of `DELETE /api/v1/pipelines/{p}`.

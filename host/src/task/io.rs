@@ -47,6 +47,38 @@ pub struct RestoreProgress {
     pub finished: bool,
 }
 
+/// Dead letters to process again, per slot: ranges `[from, to)` of the slot's partition of the
+/// dead-letter topic, in order (`POST /api/v1/pipelines/{p}/dead-letters/replay`).
+pub type ReplayRanges = BTreeMap<u32, Vec<(u64, u64)>>;
+
+/// The part of a slot's replay ranges still to do from `cursor` (the next dead letter not yet
+/// replayed): `[start, end)`, or `None` when every range is behind it.
+pub fn replay_window(ranges: &[(u64, u64)], cursor: u64) -> Option<(u64, u64)> {
+    ranges
+        .iter()
+        .find(|(_, to)| *to > cursor)
+        .map(|(from, to)| (cursor.max(*from), *to))
+}
+
+/// The sources a session reads: the pipeline's inputs, then its dead-letter topic when dead
+/// letters of an owned slot are to be replayed. A source is named by its index (`ti`) in batches
+/// and offsets; the dead-letter row's offsets are the replay's progress, committed with the
+/// batch like any input's.
+#[derive(Debug, Clone, Default)]
+pub struct Sources {
+    /// Topic names: the inputs, then the dead-letter topic if it is read.
+    pub topics: Vec<String>,
+    /// Per slot of the partition: where the replay of its dead letters ends (exclusive).
+    pub replay_ends: Vec<u64>,
+}
+
+impl Sources {
+    /// The index of the dead-letter row, when dead letters are replayed.
+    pub fn replay_row(&self, inputs: usize) -> Option<usize> {
+        (self.topics.len() > inputs).then_some(inputs)
+    }
+}
+
 /// The transport side of one session of a partition.
 pub trait PartitionIo: Send {
     /// Brings the partition's state up to what was committed.
@@ -55,8 +87,13 @@ pub trait PartitionIo: Send {
         db: &PartitionDb,
         progress: &dyn Fn(RestoreProgress),
     ) -> anyhow::Result<()>;
-    /// Where each input resumes: next offset per input, per slot of the partition.
-    fn positions(&mut self, db: &PartitionDb) -> anyhow::Result<Vec<Vec<u64>>>;
+    /// Where each input resumes: next offset per input, per slot of the partition; then, when
+    /// `replays` has dead letters of an owned slot still to do, a row for the dead-letter topic.
+    fn positions(
+        &mut self,
+        db: &PartitionDb,
+        replays: &ReplayRanges,
+    ) -> anyhow::Result<Vec<Vec<u64>>>;
     /// Up to `max` records from the slots, grouped by (input, slot); waits a little (about
     /// 100 ms) when there are none.
     fn fetch(
@@ -92,6 +129,7 @@ pub struct EmbeddedIo {
     producer: String,
     seq: u64,
     rotate: usize,
+    sources: Sources,
 }
 
 impl EmbeddedIo {
@@ -105,8 +143,12 @@ impl EmbeddedIo {
         let producer = format!("{}/{id}", pipeline.spec.name);
         EmbeddedIo {
             log,
-            pipeline,
             slots,
+            sources: Sources {
+                topics: pipeline.spec.inputs.clone(),
+                replay_ends: Vec::new(),
+            },
+            pipeline,
             producer,
             seq: 0,
             rotate: 0,
@@ -165,7 +207,11 @@ impl PartitionIo for EmbeddedIo {
         Ok(())
     }
 
-    fn positions(&mut self, db: &PartitionDb) -> anyhow::Result<Vec<Vec<u64>>> {
+    fn positions(
+        &mut self,
+        db: &PartitionDb,
+        replays: &ReplayRanges,
+    ) -> anyhow::Result<Vec<Vec<u64>>> {
         let mut out = Vec::new();
         for (ti, topic) in self.pipeline.spec.inputs.iter().enumerate() {
             let mut v = Vec::new();
@@ -177,6 +223,29 @@ impl PartitionIo for EmbeddedIo {
                 );
             }
             out.push(v);
+        }
+        self.sources
+            .topics
+            .truncate(self.pipeline.spec.inputs.len());
+        self.sources.replay_ends.clear();
+        let dlq = self.pipeline.dlq_topic();
+        let mut row = Vec::new();
+        for slot in self.slots.clone() {
+            let cursor = db.get_meta_u64(&input_offset_key(&dlq, slot))?.unwrap_or(0);
+            let (start, end) = replays
+                .get(&slot)
+                .and_then(|r| replay_window(r, cursor))
+                .unwrap_or((cursor, cursor));
+            row.push(start);
+            self.sources.replay_ends.push(end);
+        }
+        if row
+            .iter()
+            .zip(&self.sources.replay_ends)
+            .any(|(s, e)| s < e)
+        {
+            self.sources.topics.push(dlq);
+            out.push(row);
         }
         Ok(out)
     }
@@ -194,11 +263,20 @@ impl PartitionIo for EmbeddedIo {
         'fetch: for i in 0..n {
             let idx = (self.rotate + i) % n;
             let slot = self.slots.start + idx as u32;
-            for (ti, topic) in self.pipeline.spec.inputs.iter().enumerate() {
+            for (ti, topic) in self.sources.topics.iter().enumerate() {
                 if budget == 0 {
                     break 'fetch;
                 }
-                let recs = self.log.read(topic, slot, next[ti][idx], budget)?;
+                let mut want = budget;
+                if self.sources.replay_row(self.pipeline.spec.inputs.len()) == Some(ti) {
+                    // Dead letters are replayed up to the end of their range only.
+                    want = want
+                        .min(self.sources.replay_ends[idx].saturating_sub(next[ti][idx]) as usize);
+                    if want == 0 {
+                        continue;
+                    }
+                }
+                let recs = self.log.read(topic, slot, next[ti][idx], want)?;
                 if !recs.is_empty() {
                     budget -= recs.len();
                     fetched.push((ti, slot, recs));
@@ -218,7 +296,7 @@ impl PartitionIo for EmbeddedIo {
         let mut meta = Vec::with_capacity(batch.offsets.len() + 2);
         for (ti, slot, next) in &batch.offsets {
             meta.push((
-                input_offset_key(&self.pipeline.spec.inputs[*ti], *slot),
+                input_offset_key(&self.sources.topics[*ti], *slot),
                 Some(next.to_be_bytes().to_vec()),
             ));
         }
@@ -234,9 +312,7 @@ impl PartitionIo for EmbeddedIo {
     }
 
     fn end_offset(&mut self, input: usize, slot: u32, _next: u64) -> Option<u64> {
-        self.log
-            .end_offset(&self.pipeline.spec.inputs[input], slot)
-            .ok()
+        self.log.end_offset(&self.sources.topics[input], slot).ok()
     }
 }
 

@@ -11,7 +11,9 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::io::{Batch, PartitionIo, RestoreProgress, start_offset};
+use super::io::{
+    Batch, PartitionIo, ReplayRanges, RestoreProgress, Sources, replay_window, start_offset,
+};
 use super::{changelog_offset_key, input_offset_key};
 use crate::cluster::{Guarantee, PipelineRecord};
 use crate::state::{PartitionDb, WriteOp, slot_key};
@@ -56,6 +58,8 @@ pub struct KafkaIo {
     changelogs: Vec<String>,
     ends: HashMap<(usize, u32), (u64, Instant)>,
     linger: Duration,
+    /// The topics read: inputs, and the dead-letter topic during a replay.
+    sources: Sources,
     /// When the input topics' partition counts were last compared with the slots.
     inputs_checked: Instant,
     /// Changelog records the last restore applied: none means RocksDB was at the changelog's
@@ -90,6 +94,10 @@ impl KafkaIo {
         check_inputs(&transport, &pipeline)?;
         // A transaction costs a few round trips: gather records longer under exactly-once.
         let linger = Duration::from_millis(if eos { 10 } else { 2 });
+        let sources = Sources {
+            topics: pipeline.spec.inputs.clone(),
+            replay_ends: Vec::new(),
+        };
         Ok(KafkaIo {
             transport,
             pipeline,
@@ -100,6 +108,7 @@ impl KafkaIo {
             ends: HashMap::new(),
             linger,
             restored: 0,
+            sources,
             inputs_checked: Instant::now(),
         })
     }
@@ -126,7 +135,7 @@ impl KafkaIo {
         batch
             .offsets
             .iter()
-            .map(|(ti, slot, next)| (self.pipeline.spec.inputs[*ti].clone(), *slot, *next))
+            .map(|(ti, slot, next)| (self.sources.topics[*ti].clone(), *slot, *next))
             .collect()
     }
 }
@@ -267,19 +276,32 @@ impl PartitionIo for KafkaIo {
     /// commit), RocksDB's input offset is used, but only when the restore found RocksDB at the
     /// changelog's end: after a crash between the Kafka commit and the RocksDB write it lags the
     /// group by one batch. Any other disagreement fails the partition, naming the slot.
-    fn positions(&mut self, db: &PartitionDb) -> anyhow::Result<Vec<Vec<u64>>> {
+    fn positions(
+        &mut self,
+        db: &PartitionDb,
+        replays: &ReplayRanges,
+    ) -> anyhow::Result<Vec<Vec<u64>>> {
         let spec = &self.pipeline.spec;
         let eos = spec.guarantee == Guarantee::ExactlyOnce;
-        let tps: Vec<(String, u32)> = spec
-            .inputs
+        let inputs = spec.inputs.len();
+        let dlq = self.pipeline.dlq_topic();
+        let replaying = replays
+            .iter()
+            .any(|(slot, r)| self.slots.contains(slot) && !r.is_empty());
+        let mut topics = spec.inputs.clone();
+        if replaying {
+            topics.push(dlq.clone());
+        }
+        let tps: Vec<(String, u32)> = topics
             .iter()
             .flat_map(|t| self.slots.clone().map(move |s| (t.clone(), s)))
             .collect();
         let committed = self.consumer.committed(&tps)?;
-        let mut out = vec![Vec::new(); spec.inputs.len()];
+        let mut out = vec![Vec::new(); topics.len()];
         let mut assign = Vec::new();
+        self.sources.replay_ends.clear();
         for ((topic, slot), group) in tps.iter().zip(committed) {
-            let ti = spec.inputs.iter().position(|t| t == topic).unwrap_or(0);
+            let ti = topics.iter().position(|t| t == topic).unwrap_or(0);
             let local = db.get_meta_u64(&input_offset_key(topic, *slot))?;
             let next = match (group, local) {
                 (Some(g), Some(l)) if eos && l > g => anyhow::bail!(
@@ -308,11 +330,26 @@ impl PartitionIo for KafkaIo {
                     self.pipeline.group_id(),
                     self.restored
                 ),
-                (None, None) => start_offset(&self.pipeline, ti, *slot),
+                (None, None) if ti < inputs => start_offset(&self.pipeline, ti, *slot),
+                (None, None) => 0,
             };
-            out[ti].push(next);
-            assign.push((topic.clone(), *slot, next));
+            if ti < inputs {
+                out[ti].push(next);
+                assign.push((topic.clone(), *slot, next));
+                continue;
+            }
+            // The dead-letter row: replay from the cursor to the end of its range.
+            let (start, end) = replays
+                .get(slot)
+                .and_then(|r| replay_window(r, next))
+                .unwrap_or((next, next));
+            out[ti].push(start);
+            self.sources.replay_ends.push(end);
+            if start < end {
+                assign.push((topic.clone(), *slot, start));
+            }
         }
+        self.sources.topics = topics;
         self.consumer.assign(&assign)?;
         Ok(out)
     }
@@ -329,14 +366,18 @@ impl PartitionIo for KafkaIo {
         let fetched = self
             .consumer
             .fetch(max, Duration::from_millis(100), self.linger);
-        let inputs = &self.pipeline.spec.inputs;
+        let replay_row = self.sources.replay_row(self.pipeline.spec.inputs.len());
+        let first_slot = self.slots.start;
         Ok(fetched
             .into_iter()
-            .filter_map(|f| {
-                inputs
-                    .iter()
-                    .position(|t| *t == f.topic)
-                    .map(|ti| (ti, f.partition, f.records))
+            .filter_map(|mut f| {
+                let ti = self.sources.topics.iter().position(|t| *t == f.topic)?;
+                if Some(ti) == replay_row {
+                    // Dead letters past the replay's range (new ones) are not replayed.
+                    let end = self.sources.replay_ends[(f.partition - first_slot) as usize];
+                    f.records.retain(|r| r.offset < end);
+                }
+                (!f.records.is_empty()).then_some((ti, f.partition, f.records))
             })
             .collect())
     }
@@ -400,7 +441,7 @@ impl PartitionIo for KafkaIo {
     }
 
     fn end_offset(&mut self, input: usize, slot: u32, next: u64) -> Option<u64> {
-        let topic = &self.pipeline.spec.inputs[input];
+        let topic = &self.sources.topics[input];
         let end = match self.ends.get(&(input, slot)) {
             Some((end, at)) if at.elapsed() < END_OFFSET_TTL => *end,
             _ => {

@@ -13,7 +13,7 @@ pub mod kafka;
 pub mod swap;
 
 pub use events::{Event, EventLog};
-pub use io::{Batch, EmbeddedIo, PartitionIo, RestoreProgress};
+pub use io::{Batch, EmbeddedIo, PartitionIo, ReplayRanges, RestoreProgress, replay_window};
 pub use swap::{
     ModuleTarget, RollbackHook, Settings, SwapOutcome, SwapPolicy, SwapReport, SwapStatus, Target,
 };
@@ -30,6 +30,54 @@ use crate::cluster::PipelineRecord;
 use crate::runtime::{CallError, Cursor, HostCtx, Instance, Message, Output, Runtime};
 use crate::state::PartitionDb;
 use crate::transport::{LogRecord, Record};
+
+/// The dead letters a pipeline replays (`POST /api/v1/pipelines/{p}/dead-letters/replay`),
+/// shared by its partitions: a request bumps the generation, and each partition starts a new
+/// session at its next batch boundary to read them. Replayed dead letters go through the
+/// current version; the replay's progress is committed with each batch, as input offsets are,
+/// so each dead letter is processed exactly once.
+#[derive(Default)]
+pub struct ReplayPlan {
+    generation: AtomicU64,
+    ranges: Mutex<ReplayRanges>,
+}
+
+impl ReplayPlan {
+    /// A plan with the ranges requested so far.
+    pub fn new(ranges: ReplayRanges) -> Arc<Self> {
+        Arc::new(ReplayPlan {
+            generation: AtomicU64::new(0),
+            ranges: Mutex::new(ranges),
+        })
+    }
+
+    /// Bumped by each request.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Every range requested, per slot.
+    pub fn ranges(&self) -> ReplayRanges {
+        self.ranges.lock().clone()
+    }
+
+    /// Adds a range of a slot's dead letters.
+    pub fn add(&self, slot: u32, from: u64, to: u64) {
+        self.ranges.lock().entry(slot).or_default().push((from, to));
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// How far the replay of one slot's dead letters is.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct ReplayProgress {
+    /// The slot (and partition of the dead-letter topic).
+    pub slot: u32,
+    /// The next dead letter to replay.
+    pub offset: u64,
+    /// Where the range being replayed ends (exclusive).
+    pub to: u64,
+}
 
 /// Opens a session's [`PartitionIo`].
 pub type IoFactory = Box<dyn Fn() -> anyhow::Result<Box<dyn PartitionIo>> + Send + Sync>;
@@ -111,6 +159,8 @@ pub struct PartitionStatus {
     pub version: Mutex<String>,
     /// Sessions that ended in a panic since start.
     pub panics: AtomicU64,
+    /// Replays of dead letters in progress.
+    pub replay: Mutex<Vec<ReplayProgress>>,
 }
 
 /// Cumulative time of the partition loop by step, in microseconds.
@@ -212,6 +262,8 @@ pub struct PartitionTask {
     /// After Kafka refused a record for good: the offsets up to which records are processed
     /// one per commit, to find that record.
     pub isolate: Mutex<Option<Vec<Vec<u64>>>>,
+    /// Dead letters to replay.
+    pub replays: Arc<ReplayPlan>,
 }
 
 impl PartitionStatus {
@@ -231,6 +283,7 @@ impl PartitionStatus {
             batch_latency: Histogram::default(),
             version: Mutex::new(String::new()),
             panics: AtomicU64::new(0),
+            replay: Mutex::new(Vec::new()),
         }
     }
 }
@@ -279,6 +332,7 @@ impl PartitionTask {
                     *self.status.phase.lock() = Phase::Stopped;
                     return;
                 }
+                Ok(Err(SessionError::Restart)) => continue,
                 Ok(Err(SessionError::Fatal(msg))) => {
                     tracing::error!("partition failed: {msg}");
                     *self.status.phase.lock() = Phase::Failed(msg);
@@ -476,7 +530,10 @@ impl PartitionTask {
         let status = self.status.clone();
         io.restore(&self.db, &move |p| *status.restore.lock() = Some(p))
             .map_err(SessionError::Retry)?;
-        let mut next = io.positions(&self.db).map_err(SessionError::Retry)?;
+        let replay_generation = self.replays.generation();
+        let mut next = io
+            .positions(&self.db, &self.replays.ranges())
+            .map_err(SessionError::Retry)?;
         self.update_progress(io.as_mut(), &next);
         *self.status.phase.lock() = Phase::Running;
         tracing::info!(slots = ?self.slots, "partition running");
@@ -487,6 +544,9 @@ impl PartitionTask {
         while !self.stop.load(Ordering::Relaxed) {
             // A batch boundary: nothing is pending, so the module can change under the state.
             inst = self.maybe_swap(inst, &mut run)?;
+            if self.replays.generation() != replay_generation {
+                return Err(SessionError::Restart);
+            }
             let fetch_started = Instant::now();
             // After Kafka refused a record for good, the records of that batch go one per
             // commit until they are past.
@@ -525,12 +585,18 @@ impl PartitionTask {
                     new_next[ti][idx] = last.offset + 1;
                 }
                 count += recs.len() as u64;
-                let topic = &spec.inputs[ti];
                 // Records move into guest messages: no copy of keys and values.
-                let msgs: Vec<Message> = recs
-                    .into_iter()
-                    .map(|r| to_message(topic, slot, r))
-                    .collect();
+                let msgs: Vec<Message> = match spec.inputs.get(ti) {
+                    Some(topic) => recs
+                        .into_iter()
+                        .map(|r| to_message(topic, slot, r))
+                        .collect(),
+                    // Dead letters being replayed: the records they were.
+                    None => recs
+                        .into_iter()
+                        .map(|r| replayed_message(&spec.inputs[0], slot, r))
+                        .collect(),
+                };
                 groups.push((slot, msgs));
             }
             let failed_before = self.status.dead_letters.load(Ordering::Relaxed);
@@ -789,6 +855,22 @@ impl PartitionTask {
             }
         }
         *self.status.progress.lock() = v;
+        let inputs = self.pipeline.spec.inputs.len();
+        let mut replay = Vec::new();
+        if let Some(row) = next.get(inputs) {
+            let ranges = self.replays.ranges();
+            for (idx, offset) in row.iter().enumerate() {
+                let slot = self.slots.start + idx as u32;
+                if let Some((_, to)) = ranges.get(&slot).and_then(|r| replay_window(r, *offset)) {
+                    replay.push(ReplayProgress {
+                        slot,
+                        offset: *offset,
+                        to,
+                    });
+                }
+            }
+        }
+        *self.status.replay.lock() = replay;
     }
 }
 
@@ -808,6 +890,8 @@ pub enum SessionError {
     /// Another session would fail the same way (the module's `init` fails, a changelog is
     /// misconfigured).
     Fatal(String),
+    /// A new session is needed at once, without an error (dead letters to replay).
+    Restart,
 }
 
 impl SessionError {
@@ -880,6 +964,37 @@ fn host_fault(inst: &mut Instance) -> Result<(), SessionError> {
         Some(f) => Err(SessionError::Retry(anyhow::anyhow!(
             "host failure during a guest call: {f}; the batch is processed again"
         ))),
+    }
+}
+
+/// A dead letter as the record it was: its topic and offset from the `baton.*` headers, which
+/// are dropped.
+fn replayed_message(first_input: &str, slot: u32, r: LogRecord) -> Message {
+    let header = |name: &str| {
+        r.record
+            .headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+    };
+    let topic = header("baton.topic").unwrap_or_else(|| first_input.to_string());
+    let offset = header("baton.offset")
+        .and_then(|o| o.parse().ok())
+        .unwrap_or(r.offset);
+    Message {
+        topic,
+        slot,
+        offset,
+        timestamp: r.record.timestamp,
+        key: r.record.key,
+        value: r.record.value,
+        headers: r
+            .record
+            .headers
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with("baton."))
+            .map(|(key, value)| crate::runtime::Header { key, value })
+            .collect(),
     }
 }
 
