@@ -191,7 +191,8 @@ async fn readyz_metrics_events_and_scans() -> anyhow::Result<()> {
         }
     }
     assert_eq!(seen, expected.keys().cloned().collect::<BTreeSet<_>>());
-    assert_eq!(pages, expected.len().div_ceil(37), "pages of 37");
+    // A full page has a cursor, so an exact multiple of 37 ends with an empty page.
+    assert_eq!(pages, expected.len() / 37 + 1, "pages of 37");
     for bad in ["?limit=0", "?limit=5000", "?cursor=nonsense", "?bogus=1"] {
         let r = api
             .get(&format!("/api/v1/pipelines/wc/stores/counts/keys{bad}"))

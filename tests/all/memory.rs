@@ -51,6 +51,25 @@ async fn sixty_four_partitions_stay_within_the_state_memory_bound() -> anyhow::R
         }))
         .await?;
     let started = rss_kib(host.pid(), "VmRSS:")? << 10;
+    // The cache's usage is sampled while the rounds run: at the end, compactions have dropped
+    // the blocks of obsolete files, so the end state says little about how full it got.
+    let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let (api, sampling) = (host.api.clone(), sampling.clone());
+        tokio::spawn(async move {
+            let (mut max_usage, mut max_sample) = (0u64, 0u64);
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(r) = api.get("/api/v1/host").await
+                    && let Some(u) = r.body["state_memory"]["block_cache_usage"].as_u64()
+                {
+                    max_usage = max_usage.max(u);
+                    max_sample += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (max_usage, max_sample)
+        })
+    };
 
     // Two rounds over the same keys: the first writes ~94 MiB of values (flushed to many SST
     // files by the shared write-buffer manager), the second reads every one of them back through
@@ -84,6 +103,8 @@ async fn sixty_four_partitions_stay_within_the_state_memory_bound() -> anyhow::R
         assert_eq!(changes, Some(2), "changes of key-{k}");
     }
 
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    let (max_usage, samples) = sampler.await?;
     let stats = host.api.get("/api/v1/host").await?.body;
     let mem = &stats["state_memory"];
     let usage = mem["block_cache_usage"].as_u64().unwrap_or(0);
@@ -93,20 +114,25 @@ async fn sixty_four_partitions_stay_within_the_state_memory_bound() -> anyhow::R
     let now = rss_kib(host.pid(), "VmRSS:")? << 10;
     eprintln!(
         "64 partitions, {} MiB of values written: RSS at start {} MiB, now {} MiB, peak {} MiB; \
-         block cache {} MiB used of {} MiB, {hits} hits, {misses} misses, hit rate {}; {mem}",
+         block cache {} MiB used of {} MiB (at most {} MiB), {hits} hits, {misses} misses, hit rate {}; {mem}",
         (2 * KEYS * VALUE) >> 20,
         started >> 20,
         now >> 20,
         peak >> 20,
         usage >> 20,
         STATE_MEMORY >> 20,
+        max_usage >> 20,
         mem["block_cache"]["hit_rate"]
     );
     // The workload must have filled the cache, or the bound proves nothing.
     assert!(
-        usage * 4 >= STATE_MEMORY * 3,
-        "block cache holds only {usage} bytes of {STATE_MEMORY}: the workload did not fill it"
+        max_usage * 4 >= STATE_MEMORY * 3,
+        "the block cache held at most {max_usage} bytes of {STATE_MEMORY} over {samples} \
+         samples: the workload did not fill it"
     );
+    // Settled, the cache is within its bound (while it fills, blocks pinned by readers and
+    // memtable reservations may take it past the bound for a moment; the RSS bound below is
+    // what holds throughout).
     assert!(
         usage <= STATE_MEMORY + (STATE_MEMORY / 10),
         "block cache holds {usage} bytes, over the bound of {STATE_MEMORY}"
