@@ -3,7 +3,9 @@
 // Prints one line: "<records/s> <seconds>" once the application's committed input offsets cover
 // the topic's end offsets. bench/run compiles it; the kafka_pipeline benchmark runs it.
 //
-// Usage: WordCount BOOTSTRAP TOPIC APPLICATION_ID exactly-once|at-least-once THREADS
+// Usage: WordCount BOOTSTRAP TOPIC APPLICATION_ID exactly-once|at-least-once THREADS [serve]
+// With `serve` it only runs the topology until killed, timing nothing itself: bench/steady
+// times it from outside, exactly as it times baton.
 import java.nio.file.Files;
 import java.util.HashMap;
 import java.util.Map;
@@ -44,6 +46,12 @@ public class WordCount {
                .groupByKey()
                .count(Materialized.as("counts"));
 
+        if (args.length > 5 && args[5].equals("serve")) {
+            KafkaStreams streams = new KafkaStreams(builder.build(), p);
+            streams.start();
+            Thread.currentThread().join();
+            return;
+        }
         try (Admin admin = Admin.create(Map.of("bootstrap.servers", bootstrap))) {
             Map<TopicPartition, OffsetSpec> latest = admin.describeTopics(java.util.List.of(topic))
                 .allTopicNames().get().get(topic).partitions().stream()

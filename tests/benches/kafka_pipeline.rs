@@ -65,6 +65,23 @@ impl NativeProcessor for NativeUppercase {
     }
 }
 
+/// User and system CPU seconds of this process so far, from `/proc/self/stat`.
+fn own_cpu_secs() -> Result<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| -> Result<f64> {
+        Ok(fields
+            .get(i)
+            .context("short /proc/self/stat")?
+            .parse::<f64>()?)
+    };
+    // After the command: state is field 0, utime 11, stime 12 (clock ticks of 1/100 s).
+    Ok((ticks(11)? + ticks(12)?) / 100.0)
+}
+
 fn bootstrap() -> String {
     std::env::var("BATON_KAFKA").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
@@ -389,6 +406,23 @@ fn main() -> Result<()> {
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
             .init();
+    }
+    // bench/steady's ceiling: bare consumers over an existing topic, with their CPU time.
+    if let Ok(topic) = std::env::var("BATON_BENCH_BARE_TOPIC") {
+        let probe: BaseConsumer = client(&[("group.id", "baton.bench.bare")]).create()?;
+        let mut total = 0i64;
+        for p in 0..SLOTS {
+            total += probe
+                .fetch_watermarks(&topic, p as i32, Duration::from_secs(10))?
+                .1;
+        }
+        let cpu_before = own_cpu_secs()?;
+        let started = Instant::now();
+        let rate = bare_consumer(&topic, total as usize)?;
+        let secs = started.elapsed().as_secs_f64();
+        let cpu = own_cpu_secs()? - cpu_before;
+        println!("bare {rate:.0} {secs:.3} {cpu:.3}");
+        return Ok(());
     }
     let only = std::env::var("BATON_BENCH_ONLY").unwrap_or_default();
     let dir = tempfile::tempdir()?;

@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""Steady-state side by side: baton and Kafka Streams running `groupByKey().count()` over the
+same topic on the same broker, in alternating runs, with the CPU each process spends.
+
+- The input is produced once by a librdkafka client (confluent-kafka) with its default
+  partitioner, as most non-Java producers place keys: BATON_STEADY_RECORDS records (default
+  12,000,000, so that every run lasts well over 30 s), 20,000 keys spread uniformly, 8
+  partitions.
+- Each run starts the contender as a process of its own (`baton run`, or Kafka Streams'
+  bench/kstreams/WordCount in `serve` mode) with 2 partitions / 2 stream threads and polls the
+  group's committed input offsets every 50 ms from outside, the same way for both. The steady
+  state is the window from 25% of the records committed to the last one: its rate, and the
+  user + system CPU seconds per million records of the contender and of the broker over that
+  window, read from /proc.
+- Both guarantees; BATON_STEADY_ROUNDS rounds (default 3), the contenders' order alternating
+  from round to round; medians are reported. The ceiling is bare rdkafka consumers (Rust, tuned
+  like baton's, one per partition) reading the same topic, in the same rounds.
+
+Run by bench/run (which starts the broker and builds what is needed); prints Markdown tables.
+"""
+
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+BOOT = os.environ.get("BATON_KAFKA", "127.0.0.1:9092")
+N = int(os.environ.get("BATON_STEADY_RECORDS", "12000000").replace("_", ""))
+ROUNDS = int(os.environ.get("BATON_STEADY_ROUNDS", "3"))
+SLOTS = 8
+KEYS = 20_000
+TICK = os.sysconf("SC_CLK_TCK")
+BATON_BIN = os.environ["BATON_BIN"]
+PLUGIN = os.environ["BATON_WORD_COUNT"]
+KSTREAMS_CP = os.environ["BATON_KSTREAMS_CP"]
+BROKER_PID = int(open(os.environ["BATON_BROKER_PIDFILE"]).read().strip())
+RUN_ID = f"{os.getpid()}-{int(time.time())}"
+
+
+def say(msg):
+    print(f"[steady] {msg}", file=sys.stderr, flush=True)
+
+
+def cpu_secs(pid):
+    """User + system CPU seconds of a process (its threads included)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def produce(topic):
+    admin = AdminClient({"bootstrap.servers": BOOT})
+    admin.create_topics([NewTopic(topic, SLOTS, 1)])[topic].result()
+    p = Producer({
+        "bootstrap.servers": BOOT,
+        "linger.ms": 50,
+        "batch.size": 1_000_000,
+        "queue.buffering.max.messages": 2_000_000,
+        "compression.type": "none",
+    })
+    started = time.time()
+    x = 0x9E3779B97F4A7C15
+    for i in range(N):
+        # A fixed xorshift stream: the same keys in every run of the benchmark.
+        x ^= (x << 13) & 0xFFFFFFFFFFFFFFFF
+        x ^= x >> 7
+        x ^= (x << 17) & 0xFFFFFFFFFFFFFFFF
+        key = f"w{x % KEYS}"
+        while True:
+            try:
+                p.produce(topic, key=key, value=b"1")
+                break
+            except BufferError:
+                p.poll(0.05)
+        if i % 100_000 == 0:
+            p.poll(0)
+    p.flush()
+    say(f"produced {N:,} records in {time.time() - started:.1f} s")
+
+
+class Committed:
+    """The sum of a group's committed offsets over the topic."""
+
+    def __init__(self, group, topic):
+        self.c = Consumer({"bootstrap.servers": BOOT, "group.id": group,
+                           "enable.auto.commit": False})
+        self.tps = [TopicPartition(topic, p) for p in range(SLOTS)]
+
+    def total(self):
+        got = self.c.committed(self.tps, timeout=10)
+        return sum(max(tp.offset, 0) for tp in got)
+
+    def close(self):
+        self.c.close()
+
+
+def measure(proc, group, topic, label):
+    """Polls the group until every record is committed; returns the run's figures."""
+    committed = Committed(group, topic)
+    started = time.time()
+    mark = None
+    deadline = started + 900
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{label} exited with {proc.returncode}")
+            done = committed.total()
+            now = time.time()
+            if mark is None and done >= N // 4:
+                mark = (now, done, cpu_secs(proc.pid), cpu_secs(BROKER_PID))
+            if done >= N:
+                end = (now, done, cpu_secs(proc.pid), cpu_secs(BROKER_PID))
+                break
+            if now > deadline:
+                raise RuntimeError(f"{label}: only {done:,} of {N:,} committed after 900 s")
+            time.sleep(0.05)
+    finally:
+        committed.close()
+    window = end[1] - mark[1]
+    secs = end[0] - mark[0]
+    return {
+        "rate": window / secs,
+        "total_secs": end[0] - started,
+        "cpu_per_m": (end[2] - mark[2]) / (window / 1e6),
+        "broker_cpu_per_m": (end[3] - mark[3]) / (window / 1e6),
+    }
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def http(base, method, path, body=None, ctype="application/json"):
+    req = urllib.request.Request(base + path, data=body, method=method,
+                                 headers={"content-type": ctype})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read() or b"null")
+
+
+def run_baton(topic, guarantee, n):
+    data = tempfile.mkdtemp(prefix="baton-steady-")
+    cluster = f"steady-{RUN_ID}-{n}"
+    proc = subprocess.Popen(
+        [BATON_BIN, "run", "--kafka", BOOT, "--cluster", cluster, "--data-dir", data,
+         "--http", "127.0.0.1:0", "--state-memory", "512MiB"],
+        stdout=subprocess.DEVNULL, stderr=open(os.path.join(data, "baton.log"), "w"))
+    try:
+        addr = os.path.join(data, "baton.addr")
+        deadline = time.time() + 60
+        while not (os.path.exists(addr) and open(addr).read()):
+            if time.time() > deadline or proc.poll() is not None:
+                raise RuntimeError("baton did not start")
+            time.sleep(0.05)
+        base = "http://" + open(addr).read().strip()
+        http(base, "POST", "/api/v1/modules?name=word-count&version=1",
+             open(PLUGIN, "rb").read(), "application/wasm")
+        http(base, "POST", "/api/v1/pipelines", json.dumps({
+            "name": "wc", "module": "word-count", "version": "1", "inputs": [topic],
+            "stores": ["counts"], "slots": SLOTS, "partitions": 2, "guarantee": guarantee,
+        }).encode())
+        return measure(proc, f"{cluster}.wc", topic, "baton")
+    finally:
+        stop(proc)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def run_kstreams(topic, guarantee, n):
+    app = f"steady-ks-{RUN_ID}-{n}"
+    log = tempfile.NamedTemporaryFile(prefix="kstreams-", suffix=".log", delete=False)
+    proc = subprocess.Popen(
+        ["java", "-Xms512m", "-Xmx2g", "-cp", KSTREAMS_CP, "WordCount", BOOT, topic, app,
+         guarantee, "2", "serve"],
+        stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        return measure(proc, app, topic, "Kafka Streams")
+    finally:
+        stop(proc)
+
+
+def run_bare(topic):
+    out = subprocess.run(
+        ["cargo", "bench", "-q", "-p", "baton-tests", "--bench", "kafka_pipeline"],
+        env={**os.environ, "BATON_BENCH_BARE_TOPIC": topic}, capture_output=True, text=True,
+        check=True).stdout
+    line = next(l for l in out.splitlines() if l.startswith("bare "))
+    _, rate, secs, cpu = line.split()
+    return {"rate": float(rate), "cpu_per_m": float(cpu) / (N / 1e6)}
+
+
+def main():
+    topic = f"steady-words-{RUN_ID}"
+    produce(topic)
+    results = {(g, who): [] for g in ("exactly-once", "at-least-once")
+               for who in ("baton", "kstreams")}
+    bare = []
+    n = 0
+    for r in range(ROUNDS):
+        for g in ("exactly-once", "at-least-once"):
+            order = [("baton", run_baton), ("kstreams", run_kstreams)]
+            if (r + (g == "at-least-once")) % 2:
+                order.reverse()
+            for who, run in order:
+                n += 1
+                res = run(topic, g, n)
+                results[(g, who)].append(res)
+                say(f"round {r + 1} {g} {who}: {res['rate']:,.0f} records/s steady, "
+                    f"{res['total_secs']:.1f} s in all, {res['cpu_per_m']:.2f} CPU s per M, "
+                    f"broker {res['broker_cpu_per_m']:.2f}")
+                if res["total_secs"] < 30:
+                    say(f"warning: the run lasted {res['total_secs']:.1f} s, under 30 s: "
+                        "raise BATON_STEADY_RECORDS")
+        b = run_bare(topic)
+        bare.append(b)
+        say(f"round {r + 1} bare consumers: {b['rate']:,.0f} records/s, "
+            f"{b['cpu_per_m']:.2f} CPU s per M")
+
+    med = lambda xs, k: statistics.median(x[k] for x in xs)
+    ceiling = med(bare, "rate")
+    print(f"\nsteady state, {N:,} records over {SLOTS} partitions produced by librdkafka "
+          f"(default partitioner), {KEYS:,} keys; median of {ROUNDS} alternating rounds; "
+          "window from 25% to 100% of the records committed\n")
+    print("| guarantee | Kafka Streams records/s | baton records/s | baton / KS | "
+          "KS CPU s / M records | baton CPU s / M records | baton / KS CPU | "
+          "broker CPU s / M (KS run, baton run) | baton / bare consumers |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|---:|")
+    for g in ("exactly-once", "at-least-once"):
+        ks, bt = results[(g, "kstreams")], results[(g, "baton")]
+        print(f"| {g} | {med(ks, 'rate'):,.0f} | {med(bt, 'rate'):,.0f} | "
+              f"{med(bt, 'rate') / med(ks, 'rate'):.2f} | {med(ks, 'cpu_per_m'):.2f} | "
+              f"{med(bt, 'cpu_per_m'):.2f} | {med(bt, 'cpu_per_m') / med(ks, 'cpu_per_m'):.2f} | "
+              f"{med(ks, 'broker_cpu_per_m'):.2f}, {med(bt, 'broker_cpu_per_m'):.2f} | "
+              f"{med(bt, 'rate') / ceiling:.2f} |")
+    print(f"\nbare rdkafka consumers (2, one per 4 partitions, baton's fetch settings): "
+          f"{ceiling:,.0f} records/s, {med(bare, 'cpu_per_m'):.2f} CPU s / M records")
+    print("\nevery run (records/s steady):")
+    for (g, who), rs in results.items():
+        print(f"- {g} {who}: " + ", ".join(f"{x['rate']:,.0f}" for x in rs))
+
+
+if __name__ == "__main__":
+    main()
