@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -734,14 +734,20 @@ impl Baton {
             prefix: self.config.cluster.clone(),
             swaps: Vec::new(),
             replays: BTreeMap::new(),
+            incarnation: Some(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(0),
+            ),
         };
         {
             // The log's or nobody's: applied only once appended.
             let _g = self.control.lock();
-            self.append_control(&ControlEvent::Pipeline(record.clone()))?;
+            self.append_control(&ControlEvent::Pipeline(Box::new(record.clone())))?;
             self.catalog
                 .lock()
-                .apply(ControlEvent::Pipeline(record.clone()));
+                .apply(ControlEvent::Pipeline(Box::new(record.clone())));
         }
         // The pipeline exists now; a failure to start is its phase, not the call's.
         self.start_or_record(Arc::new(record.clone()));
@@ -851,18 +857,23 @@ impl Baton {
             set: &self.deleting,
             name: name.to_string(),
         };
-        let deletion = PipelineDeletion {
-            pipeline: name.to_string(),
-            purge,
-            at: now_ms(),
-        };
-        {
+        let record_event = |purge: bool| -> Result<PipelineDeletion> {
+            let deletion = PipelineDeletion {
+                pipeline: name.to_string(),
+                purge,
+                at: now_ms(),
+            };
             let _g = self.control.lock();
             let event = ControlEvent::PipelineDeleted(deletion.clone());
             self.append_control(&event)?;
             self.catalog.lock().apply(event);
-        }
+            Ok(deletion)
+        };
+        // First the deletion (the partitions stop, the name stays taken), then the purge, which
+        // is recorded, freeing the name, only once the state is really gone.
+        let mut deletion = None;
         if live {
+            deletion = Some(record_event(false)?);
             self.stop_pipeline(name);
         }
         if purge {
@@ -874,16 +885,26 @@ impl Baton {
                 .filter(|_| self.kafka.is_some())
                 .collect();
             topics.push(record.dlq_topic());
-            self.transport.delete_topics(&topics)?;
-            self.transport.delete_group(&record.group_id())?;
-            let dir = self.config.data_dir.join("state").join(name);
-            if dir.exists() {
-                std::fs::remove_dir_all(&dir)
-                    .map_err(|e| Error::Internal(format!("deleting {}: {e}", dir.display())))?;
+            let purged = (|| -> Result<()> {
+                self.transport.delete_topics(&topics)?;
+                self.transport.delete_group(&record.group_id())?;
+                let dir = self.config.data_dir.join("state").join(name);
+                if dir.exists() {
+                    std::fs::remove_dir_all(&dir)
+                        .map_err(|e| Error::Internal(format!("deleting {}: {e}", dir.display())))?;
+                }
+                Ok(())
+            })();
+            if let Err(e) = purged {
+                return Err(Error::Unavailable(format!(
+                    "pipeline `{name}` is deleted, but deleting its state failed: {e}; its name \
+                     stays taken. Try DELETE /api/v1/pipelines/{name}?purge=true again"
+                )));
             }
+            deletion = Some(record_event(true)?);
         }
         tracing::info!(pipeline = name, purge, "pipeline deleted");
-        Ok(deletion)
+        deletion.ok_or_else(|| Error::Internal("nothing was deleted".into()))
     }
 
     /// Stops a pipeline's partitions here and forgets them.
@@ -1256,6 +1277,10 @@ impl Baton {
                 "nothing to change: send any of limits, config, swap, wasi".into(),
             ));
         }
+        // Read, checked and recorded under the control lock, so that two changes (or a change
+        // and a rollback) cannot interleave and leave the partitions on other settings than
+        // the catalog.
+        let control = self.control.lock();
         let record = self.pipeline(name)?;
         let update = PipelineUpdate {
             pipeline: name.to_string(),
@@ -1301,12 +1326,12 @@ impl Baton {
             })?;
         }
         let generation = {
-            let _g = self.control.lock();
             let event = ControlEvent::PipelineUpdated(update);
             self.append_control(&event)?;
             self.catalog.lock().apply(event);
             target.set_settings(settings)
         };
+        drop(control);
         tracing::info!(pipeline = name, generation, "pipeline settings changed");
         let parts: Vec<_> = self
             .partitions
@@ -1478,6 +1503,7 @@ impl Baton {
                 stop: stop.clone(),
                 isolate: Mutex::new(None),
                 replays: replays.clone(),
+                rejected: AtomicU64::new(0),
             };
             let thread = std::thread::Builder::new()
                 .name(format!("baton-{id}"))

@@ -202,6 +202,67 @@ async fn replay_run(kafka: bool) -> anyhow::Result<()> {
     )
     .await?;
     assert_eq!(dead(api.clone()).await?, bad, "no record failed again");
+
+    // More dead letters (version 1 again for a while), then a second replay of the same
+    // partitions: it starts where the first ended.
+    let swap_to = |v: &'static str| {
+        let (api, name) = (api.clone(), name.clone());
+        async move {
+            let r = api
+                .put_json(
+                    &format!("/api/v1/pipelines/{name}/module"),
+                    &json!({"version": v}),
+                )
+                .await?;
+            anyhow::ensure!(r.status == 200, "swap to {v}: {r:?}");
+            anyhow::Ok(())
+        }
+    };
+    swap_to("1").await?;
+    let keys2 = words(140, 20, 7);
+    let recs2: Vec<_> = keys2
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            (
+                k.clone(),
+                Some(if i % 5 == 1 { "bad" } else { "ok" }.to_string()),
+            )
+        })
+        .collect();
+    let bad2 = recs2
+        .iter()
+        .filter(|(_, v)| v.as_deref() == Some("bad"))
+        .count() as u64;
+    api.produce(&input, &recs2).await?;
+    api.wait_caught_up(&name, 440, Duration::from_secs(60))
+        .await?;
+    assert_eq!(dead(api.clone()).await?, bad + bad2);
+    swap_to("2").await?;
+    let r = api.post_json(&path, &json!({})).await?;
+    assert_eq!(r.status, 202, "{r:?}");
+    assert!(
+        r.body["ranges"].as_array().is_some_and(|a| !a.is_empty()),
+        "{}",
+        r.body
+    );
+    let expected = count(keys.iter().chain(&keys2).map(String::as_str));
+    wait_for(
+        "the second replay to be counted",
+        Duration::from_secs(60),
+        || {
+            let (api, name, expected) = (api.clone(), name.clone(), expected.clone());
+            async move {
+                for (key, n) in &expected {
+                    if api.counter(&name, "counts", key).await? != Some(*n) {
+                        return Ok(None);
+                    }
+                }
+                Ok(Some(()))
+            }
+        },
+    )
+    .await?;
     // Nothing is replayed twice.
     let r = api.post_json(&path, &json!({})).await?;
     assert_eq!(r.status, 202, "{r:?}");
@@ -212,7 +273,7 @@ async fn replay_run(kafka: bool) -> anyhow::Result<()> {
     host.stop().await?;
     let host = InProcess::start_with(dir.path(), kafka_at).await?;
     host.api
-        .wait_caught_up(&name, 300, Duration::from_secs(60))
+        .wait_caught_up(&name, 440, Duration::from_secs(60))
         .await?;
     for (key, n) in &expected {
         assert_eq!(

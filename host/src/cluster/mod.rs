@@ -36,7 +36,7 @@ pub enum ControlEvent {
     /// A module version was uploaded.
     Module(ModuleRecord),
     /// A pipeline was created.
-    Pipeline(PipelineRecord),
+    Pipeline(Box<PipelineRecord>),
     /// A pipeline switched module version.
     Swap(SwapRecord),
     /// A pipeline was deleted (with `purge`, its state too, and its name is free again).
@@ -206,7 +206,7 @@ impl Catalog {
                 self.modules.insert((m.name.clone(), m.version.clone()), m);
             }
             ControlEvent::Pipeline(p) => {
-                self.pipelines.insert(p.spec.name.clone(), p);
+                self.pipelines.insert(p.spec.name.clone(), *p);
             }
             ControlEvent::PipelineDeleted(d) => {
                 let record = self

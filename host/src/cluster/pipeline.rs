@@ -239,6 +239,11 @@ pub struct PipelineRecord {
     /// The last swaps of its module version, oldest first.
     #[serde(default)]
     pub swaps: Vec<super::SwapRecord>,
+    /// Tells this pipeline from an earlier one of the same name (purged, then created again),
+    /// so that their idempotent producers on the embedded log never share an id. Absent in
+    /// pipelines created before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incarnation: Option<u64>,
     /// Dead letters to process again, per slot: ranges `[from, to)` of the slot's partition of
     /// the dead-letter topic, in the order requested.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -405,10 +405,8 @@ impl state::HostStore for HostCtx {
         h: Resource<StoreHandle>,
         key: Vec<u8>,
     ) -> wasmtime::Result<Result<(), Error>> {
+        // No size check: a key stored under older, larger limits can always be deleted.
         let store = self.table.get(&h)?.store;
-        if let Err(e) = self.check_key(&key) {
-            return Ok(Err(e));
-        }
         self.overlay
             .put(store, slot_key(self.cursor.slot, &key), None);
         Ok(Ok(()))

@@ -51,13 +51,22 @@ pub struct RestoreProgress {
 /// dead-letter topic, in order (`POST /api/v1/pipelines/{p}/dead-letters/replay`).
 pub type ReplayRanges = BTreeMap<u32, Vec<(u64, u64)>>;
 
-/// The part of a slot's replay ranges still to do from `cursor` (the next dead letter not yet
-/// replayed): `[start, end)`, or `None` when every range is behind it.
+/// What of a slot's replay ranges is still to do from `cursor` (the next dead letter not yet
+/// replayed): `[start, end)` from the first pending dead letter to the end of the last range,
+/// or `None` when every range is behind it. Offsets between two ranges are not replayed (see
+/// [`in_replay`]); a cursor short of a range's end only by transaction markers still reaches
+/// the ranges after it.
 pub fn replay_window(ranges: &[(u64, u64)], cursor: u64) -> Option<(u64, u64)> {
+    let first = ranges.iter().find(|(_, to)| *to > cursor)?;
+    let end = ranges.iter().map(|(_, to)| *to).max().unwrap_or(0);
+    Some((cursor.max(first.0), end))
+}
+
+/// True when the dead letter at `offset` is in one of the ranges to replay.
+pub fn in_replay(ranges: &[(u64, u64)], offset: u64) -> bool {
     ranges
         .iter()
-        .find(|(_, to)| *to > cursor)
-        .map(|(from, to)| (cursor.max(*from), *to))
+        .any(|(from, to)| (*from..*to).contains(&offset))
 }
 
 /// The sources a session reads: the pipeline's inputs, then its dead-letter topic when dead
@@ -70,6 +79,8 @@ pub struct Sources {
     pub topics: Vec<String>,
     /// Per slot of the partition: where the replay of its dead letters ends (exclusive).
     pub replay_ends: Vec<u64>,
+    /// Per slot of the partition: the ranges of dead letters to replay.
+    pub replay_ranges: Vec<Vec<(u64, u64)>>,
 }
 
 impl Sources {
@@ -105,6 +116,12 @@ pub trait PartitionIo: Send {
     fn commit(&mut self, db: &PartitionDb, batch: Batch) -> anyhow::Result<()>;
     /// The end of an input slot for lag: `next` when everything committed there is consumed.
     fn end_offset(&mut self, input: usize, slot: u32, next: u64) -> Option<u64>;
+    /// True when the replay of `slot`'s dead letters has nothing left below its end, `next`
+    /// being the cursor (transaction markers may keep it short of the end).
+    fn replay_done(&mut self, slot: u32, next: u64) -> bool {
+        let _ = (slot, next);
+        true
+    }
 }
 
 /// Where a slot starts when nothing was committed for it: the pipeline's start offsets.
@@ -140,13 +157,18 @@ impl EmbeddedIo {
         id: &str,
         slots: Range<u32>,
     ) -> Self {
-        let producer = format!("{}/{id}", pipeline.spec.name);
+        // A pipeline purged and created again must not inherit its predecessor's sequences.
+        let producer = match pipeline.incarnation {
+            Some(n) => format!("{}.{n}/{id}", pipeline.spec.name),
+            None => format!("{}/{id}", pipeline.spec.name),
+        };
         EmbeddedIo {
             log,
             slots,
             sources: Sources {
                 topics: pipeline.spec.inputs.clone(),
                 replay_ends: Vec::new(),
+                replay_ranges: Vec::new(),
             },
             pipeline,
             producer,
@@ -228,16 +250,16 @@ impl PartitionIo for EmbeddedIo {
             .topics
             .truncate(self.pipeline.spec.inputs.len());
         self.sources.replay_ends.clear();
+        self.sources.replay_ranges.clear();
         let dlq = self.pipeline.dlq_topic();
         let mut row = Vec::new();
         for slot in self.slots.clone() {
             let cursor = db.get_meta_u64(&input_offset_key(&dlq, slot))?.unwrap_or(0);
-            let (start, end) = replays
-                .get(&slot)
-                .and_then(|r| replay_window(r, cursor))
-                .unwrap_or((cursor, cursor));
+            let ranges = replays.get(&slot).cloned().unwrap_or_default();
+            let (start, end) = replay_window(&ranges, cursor).unwrap_or((cursor, cursor));
             row.push(start);
             self.sources.replay_ends.push(end);
+            self.sources.replay_ranges.push(ranges);
         }
         if row
             .iter()
@@ -268,15 +290,18 @@ impl PartitionIo for EmbeddedIo {
                     break 'fetch;
                 }
                 let mut want = budget;
+                let mut from = next[ti][idx];
                 if self.sources.replay_row(self.pipeline.spec.inputs.len()) == Some(ti) {
-                    // Dead letters are replayed up to the end of their range only.
-                    want = want
-                        .min(self.sources.replay_ends[idx].saturating_sub(next[ti][idx]) as usize);
-                    if want == 0 {
+                    // Dead letters are replayed within their ranges only: from the pending
+                    // range's start to its end.
+                    let ranges = &self.sources.replay_ranges[idx];
+                    let Some(&(start, end)) = ranges.iter().find(|(_, to)| *to > from) else {
                         continue;
-                    }
+                    };
+                    from = from.max(start);
+                    want = want.min((end - from) as usize);
                 }
-                let recs = self.log.read(topic, slot, next[ti][idx], want)?;
+                let recs = self.log.read(topic, slot, from, want)?;
                 if !recs.is_empty() {
                     budget -= recs.len();
                     fetched.push((ti, slot, recs));
@@ -309,6 +334,14 @@ impl PartitionIo for EmbeddedIo {
         db.commit_with(batch.writes, &meta, true)?;
         self.seq = seq;
         self.publish(&batch.outputs, seq)
+    }
+
+    fn replay_done(&mut self, slot: u32, next: u64) -> bool {
+        let idx = (slot - self.slots.start) as usize;
+        self.sources
+            .replay_ends
+            .get(idx)
+            .is_none_or(|end| next >= *end)
     }
 
     fn end_offset(&mut self, input: usize, slot: u32, _next: u64) -> Option<u64> {

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::io::{
-    Batch, PartitionIo, ReplayRanges, RestoreProgress, Sources, replay_window, start_offset,
+    Batch, PartitionIo, ReplayRanges, RestoreProgress, Sources, in_replay, replay_window,
+    start_offset,
 };
 use super::{changelog_offset_key, input_offset_key};
 use crate::cluster::{Guarantee, PipelineRecord};
@@ -97,6 +98,7 @@ impl KafkaIo {
         let sources = Sources {
             topics: pipeline.spec.inputs.clone(),
             replay_ends: Vec::new(),
+            replay_ranges: Vec::new(),
         };
         Ok(KafkaIo {
             transport,
@@ -300,6 +302,7 @@ impl PartitionIo for KafkaIo {
         let mut out = vec![Vec::new(); topics.len()];
         let mut assign = Vec::new();
         self.sources.replay_ends.clear();
+        self.sources.replay_ranges.clear();
         for ((topic, slot), group) in tps.iter().zip(committed) {
             let ti = topics.iter().position(|t| t == topic).unwrap_or(0);
             let local = db.get_meta_u64(&input_offset_key(topic, *slot))?;
@@ -339,18 +342,30 @@ impl PartitionIo for KafkaIo {
                 continue;
             }
             // The dead-letter row: replay from the cursor to the end of its range.
-            let (start, end) = replays
-                .get(slot)
-                .and_then(|r| replay_window(r, next))
-                .unwrap_or((next, next));
+            let ranges = replays.get(slot).cloned().unwrap_or_default();
+            let (start, end) = replay_window(&ranges, next).unwrap_or((next, next));
             out[ti].push(start);
             self.sources.replay_ends.push(end);
+            self.sources.replay_ranges.push(ranges);
             if start < end {
                 assign.push((topic.clone(), *slot, start));
             }
         }
         self.sources.topics = topics;
         self.consumer.assign(&assign)?;
+        // RocksDB's input offsets follow the group's from here on, even for a batch that
+        // commits no state: were the group's offsets to expire later, RocksDB's are current.
+        let mut meta = Vec::new();
+        for (ti, row) in out.iter().enumerate() {
+            for (idx, next) in row.iter().enumerate() {
+                let slot = self.slots.start + idx as u32;
+                meta.push((
+                    input_offset_key(&self.sources.topics[ti], slot),
+                    Some(next.to_be_bytes().to_vec()),
+                ));
+            }
+        }
+        db.commit(Vec::new(), &meta)?;
         Ok(out)
     }
 
@@ -373,9 +388,10 @@ impl PartitionIo for KafkaIo {
             .filter_map(|mut f| {
                 let ti = self.sources.topics.iter().position(|t| *t == f.topic)?;
                 if Some(ti) == replay_row {
-                    // Dead letters past the replay's range (new ones) are not replayed.
-                    let end = self.sources.replay_ends[(f.partition - first_slot) as usize];
-                    f.records.retain(|r| r.offset < end);
+                    // Only dead letters within the ranges asked for are replayed: not those
+                    // between two ranges, nor new ones past the last.
+                    let ranges = &self.sources.replay_ranges[(f.partition - first_slot) as usize];
+                    f.records.retain(|r| in_replay(ranges, r.offset));
                 }
                 (!f.records.is_empty()).then_some((ti, f.partition, f.records))
             })
@@ -438,6 +454,18 @@ impl PartitionIo for KafkaIo {
             self.consumer.commit_async(&offsets)?;
         }
         Ok(())
+    }
+
+    fn replay_done(&mut self, slot: u32, next: u64) -> bool {
+        let idx = (slot - self.slots.start) as usize;
+        let Some(&end) = self.sources.replay_ends.get(idx) else {
+            return true;
+        };
+        next >= end
+            || self
+                .consumer
+                .position(&self.pipeline.dlq_topic(), slot)
+                .is_some_and(|p| p >= end)
     }
 
     fn end_offset(&mut self, input: usize, slot: u32, next: u64) -> Option<u64> {

@@ -264,6 +264,8 @@ pub struct PartitionTask {
     pub isolate: Mutex<Option<Vec<Vec<u64>>>>,
     /// Dead letters to replay.
     pub replays: Arc<ReplayPlan>,
+    /// The generation of the target this partition refused last (0: none).
+    pub rejected: AtomicU64,
 }
 
 impl PartitionStatus {
@@ -368,22 +370,28 @@ impl PartitionTask {
     }
 
     fn new_instance(&self, target: &Target) -> Result<Instance, SessionError> {
-        self.try_instance(target).map_err(SessionError::Fatal)
+        self.try_instance(target)
+            .map_err(InstanceError::into_session)
     }
 
     /// An initialised instance of a target (its module with its settings), or why there is none.
-    fn try_instance(&self, target: &Target) -> Result<Instance, String> {
+    fn try_instance(&self, target: &Target) -> Result<Instance, InstanceError> {
         self.instance_with(target, self.fresh_ctx(&target.settings))
     }
 
-    fn instance_with(&self, target: &Target, ctx: HostCtx) -> Result<Instance, String> {
+    fn instance_with(&self, target: &Target, ctx: HostCtx) -> Result<Instance, InstanceError> {
         let name = &self.pipeline.spec.module;
         let mut inst = self
             .runtime
             .instantiate(&target.module, ctx)
-            .map_err(|e| format!("instantiating module {name}: {e:#}"))?;
-        inst.init(&target.settings.config)
-            .map_err(|e| format!("init of module {name} failed: {e}"))?;
+            .map_err(|e| InstanceError::Module(format!("instantiating module {name}: {e:#}")))?;
+        if let Err(e) = inst.init(&target.settings.config) {
+            // A state read that failed during `init` is the host's fault, not the module's.
+            return Err(match inst.ctx().host_fault.take() {
+                Some(f) => InstanceError::Host(format!("host failure during init: {f}")),
+                None => InstanceError::Module(format!("init of module {name} failed: {e}")),
+            });
+        }
         Ok(inst)
     }
 
@@ -391,7 +399,8 @@ impl PartitionTask {
     fn replace_instance(&self, target: &Target, inst: Instance) -> Result<Instance, SessionError> {
         let mut ctx = inst.into_ctx();
         ctx.reset_instance_resources();
-        self.instance_with(target, ctx).map_err(SessionError::Fatal)
+        self.instance_with(target, ctx)
+            .map_err(InstanceError::into_session)
     }
 
     fn fresh_ctx(&self, settings: &Settings) -> HostCtx {
@@ -468,7 +477,8 @@ impl PartitionTask {
                 run.previous = Some(std::mem::replace(&mut run.current, target));
                 Ok(new)
             }
-            Err(reason) => {
+            Err(InstanceError::Host(e)) => Err(SessionError::Retry(anyhow::anyhow!(e))),
+            Err(InstanceError::Module(reason)) => {
                 let back = self.new_instance(&run.current)?;
                 self.reject(run, &target, reason, started);
                 Ok(back)
@@ -487,6 +497,9 @@ impl PartitionTask {
             None,
         );
         run.rejected = target.generation;
+        // Kept across sessions: until the rollback is recorded the target still names this
+        // generation, and a new session must not start on it.
+        self.rejected.store(target.generation, Ordering::Relaxed);
         // The pipeline goes back first, so that whoever sees this report sees the rollback.
         (self.on_rollback)(target.generation, reason.clone());
         self.status.swap.record(SwapReport {
@@ -515,13 +528,21 @@ impl PartitionTask {
     }
 
     fn session(&self) -> Result<(), SessionError> {
-        let current = self.target.get();
+        let rejected = self.rejected.load(Ordering::Relaxed);
+        let mut current = self.target.get();
+        if current.generation == rejected
+            && let Some(previous) = self.target.rollback_target(rejected)
+        {
+            // This partition refused the target's version and the rollback is not recorded
+            // yet: go on with the version before it.
+            current = previous;
+        }
         *self.status.version.lock() = current.version.clone();
         let mut inst = self.new_instance(&current)?;
         let mut run = Running {
             current,
             previous: None,
-            rejected: 0,
+            rejected,
             probation: 0,
         };
         let mut io = (self.io)().map_err(SessionError::from_io)?;
@@ -577,6 +598,7 @@ impl PartitionTask {
             let batch_span = tracing::debug_span!("batch");
             let _b = batch_span.enter();
             let mut count = 0u64;
+            let mut unreplayable = Vec::new();
             let mut new_next = next.clone();
             let mut groups = Vec::with_capacity(fetched.len());
             for (ti, slot, recs) in fetched {
@@ -591,11 +613,27 @@ impl PartitionTask {
                         .into_iter()
                         .map(|r| to_message(topic, slot, r))
                         .collect(),
-                    // Dead letters being replayed: the records they were.
-                    None => recs
-                        .into_iter()
-                        .map(|r| replayed_message(&spec.inputs[0], slot, r))
-                        .collect(),
+                    // Dead letters being replayed: the records they were. One that was cut to
+                    // fit the dead-letter topic is not the record it was: it goes back there.
+                    None => {
+                        let (cut, whole): (Vec<_>, Vec<_>) = recs.into_iter().partition(|r| {
+                            r.record.headers.iter().any(|(k, _)| k == "baton.truncated")
+                        });
+                        for r in cut {
+                            let m = replayed_message(&spec.inputs[0], slot, r);
+                            unreplayable.push(self.dead_letter_output(
+                                &m,
+                                "a dead letter that was cut to fit the dead-letter topic cannot \
+                                 be replayed",
+                                "error",
+                                &dlq,
+                            ));
+                        }
+                        whole
+                            .into_iter()
+                            .map(|r| replayed_message(&spec.inputs[0], slot, r))
+                            .collect()
+                    }
                 };
                 groups.push((slot, msgs));
             }
@@ -638,11 +676,12 @@ impl PartitionTask {
             let offsets = batch_offsets(&new_next, self.slots.start);
             let commit_started = add_elapsed(&time.process_us, started);
             let ctx = inst.ctx();
-            let batch = Batch {
+            let mut batch = Batch {
                 writes: ctx.overlay.take(),
                 outputs: std::mem::take(&mut ctx.outputs),
                 offsets,
             };
+            batch.outputs.append(&mut unreplayable);
             let mut outputs = batch.outputs.len();
             if let Err(e) = io.commit(&self.db, batch) {
                 // Nothing of the batch is in RocksDB: the next session resumes before it.
@@ -861,7 +900,9 @@ impl PartitionTask {
             let ranges = self.replays.ranges();
             for (idx, offset) in row.iter().enumerate() {
                 let slot = self.slots.start + idx as u32;
-                if let Some((_, to)) = ranges.get(&slot).and_then(|r| replay_window(r, *offset)) {
+                if let Some((_, to)) = ranges.get(&slot).and_then(|r| replay_window(r, *offset))
+                    && !io.replay_done(slot, *offset)
+                {
                     replay.push(ReplayProgress {
                         slot,
                         offset: *offset,
@@ -881,6 +922,23 @@ struct Running {
     previous: Option<Target>,
     rejected: u64,
     probation: u32,
+}
+
+/// Why no instance could be made.
+enum InstanceError {
+    /// The module's fault (it does not instantiate, or its `init` fails): another try fails too.
+    Module(String),
+    /// The host's fault (a state read failed during `init`): worth another session.
+    Host(String),
+}
+
+impl InstanceError {
+    fn into_session(self) -> SessionError {
+        match self {
+            InstanceError::Module(m) => SessionError::Fatal(m),
+            InstanceError::Host(m) => SessionError::Retry(anyhow::anyhow!(m)),
+        }
+    }
 }
 
 /// Why a session ended.

@@ -570,7 +570,8 @@ impl KafkaTransport {
             .topic_configs(topic)
             .map_err(|e| kerr(&format!("configs of `{topic}`"), e))?;
         let policy = configs.get("cleanup.policy").cloned().unwrap_or_default();
-        if policy.split(',').any(|p| p.trim() == "compact") {
+        let policies: Vec<&str> = policy.split(',').map(str::trim).collect();
+        if policies.contains(&"compact") && !policies.contains(&"delete") {
             Ok(())
         } else {
             Err(TransportError::Misconfigured(format!(
@@ -1038,11 +1039,16 @@ impl ProducerContext for OffsetContext {
                 *e = (*e).max(m.offset().max(0) as u64);
             }
             Err((err, m)) => {
-                if st.error.is_none() {
-                    st.error = Some((
-                        format!("delivery to {}/{} failed: {err}", m.topic(), m.partition()),
-                        refuses_for_good(err.rdkafka_error_code()),
-                    ));
+                let refused = refuses_for_good(err.rdkafka_error_code());
+                match &mut st.error {
+                    None => {
+                        st.error = Some((
+                            format!("delivery to {}/{} failed: {err}", m.topic(), m.partition()),
+                            refused,
+                        ));
+                    }
+                    // A refusal for good decides, whatever failed first in the same flush.
+                    Some((_, any_refused)) => *any_refused |= refused,
                 }
             }
         }
