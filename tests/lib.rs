@@ -20,6 +20,25 @@ pub fn plugin_bytes(name: &str) -> Vec<u8> {
     std::fs::read(plugin(name)).unwrap_or_else(|e| panic!("{}: {e}", plugin(name).display()))
 }
 
+/// Waits until every count of `store` in `pipeline` is the expected one.
+pub async fn wait_counts(
+    api: &Api,
+    pipeline: &str,
+    store: &str,
+    expected: &BTreeMap<String, i64>,
+    timeout: Duration,
+) -> Result<()> {
+    wait_for(&format!("the counts of {pipeline}"), timeout, || async {
+        for (key, n) in expected {
+            if api.counter(pipeline, store, key).await? != Some(*n) {
+                return Ok(None);
+            }
+        }
+        Ok(Some(()))
+    })
+    .await
+}
+
 /// Waits until `f` returns `Some`, polling every 20 ms, failing after `timeout` with `what`.
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> Result<T>
 where
@@ -722,25 +741,12 @@ pub fn kafka_script(arg: &str) -> Result<()> {
 
 /// The committed offsets of `group` for each partition of `topic` (0 where none).
 pub fn group_offsets(group: &str, topic: &str, partitions: u32) -> Result<Vec<u64>> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", kafka_bootstrap())
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .create()?;
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition(topic, p as i32);
-    }
-    let got = consumer.committed_offsets(tpl, Duration::from_secs(30))?;
-    Ok((0..partitions)
-        .map(
-            |p| match got.find_partition(topic, p as i32).map(|e| e.offset()) {
-                Some(rdkafka::Offset::Offset(o)) if o > 0 => o as u64,
-                _ => 0,
-            },
-        )
-        .collect())
+    Ok(
+        group_offsets_on(&kafka_bootstrap(), group, topic, partitions)?
+            .into_iter()
+            .map(Option::unwrap_or_default)
+            .collect(),
+    )
 }
 
 /// The cluster name of a test host: derived from its data dir, so that a restarted host on the
@@ -880,4 +886,27 @@ pub fn random_delay(seed: u64, round: u64, min: Duration, max: Duration) -> Dura
     }
     let span = (max - min).as_millis().max(1) as u64;
     min + Duration::from_millis(x % span)
+}
+
+/// Waits a random moment (10 to 400 ms, drawn from `seed` for `round`), then kills `host` with
+/// `kill -9`, printing when and in what state, so that a failure can be replayed.
+pub async fn kill9_at_random(
+    host: ChildHost,
+    seed: u64,
+    round: u64,
+    processed: u64,
+    waiting: u64,
+) -> Result<()> {
+    let delay = random_delay(
+        seed,
+        round,
+        Duration::from_millis(10),
+        Duration::from_millis(400),
+    );
+    tokio::time::sleep(delay).await;
+    eprintln!(
+        "kill -9 #{round}: {delay:?} after {processed} records processed with {waiting} waiting \
+         (seed {seed})"
+    );
+    host.kill9()
 }

@@ -185,22 +185,7 @@ async fn replay_run(kafka: bool) -> anyhow::Result<()> {
         .sum();
     assert!(requested >= bad, "{}", r.body);
     let expected = count(keys.iter().map(String::as_str));
-    wait_for(
-        "the replayed dead letters to be counted",
-        Duration::from_secs(60),
-        || {
-            let (api, name, expected) = (api.clone(), name.clone(), expected.clone());
-            async move {
-                for (key, n) in &expected {
-                    if api.counter(&name, "counts", key).await? != Some(*n) {
-                        return Ok(None);
-                    }
-                }
-                Ok(Some(()))
-            }
-        },
-    )
-    .await?;
+    baton_tests::wait_counts(&api, &name, "counts", &expected, Duration::from_secs(60)).await?;
     assert_eq!(dead(api.clone()).await?, bad, "no record failed again");
 
     // More dead letters (version 1 again for a while), then a second replay of the same
@@ -247,22 +232,7 @@ async fn replay_run(kafka: bool) -> anyhow::Result<()> {
         r.body
     );
     let expected = count(keys.iter().chain(&keys2).map(String::as_str));
-    wait_for(
-        "the second replay to be counted",
-        Duration::from_secs(60),
-        || {
-            let (api, name, expected) = (api.clone(), name.clone(), expected.clone());
-            async move {
-                for (key, n) in &expected {
-                    if api.counter(&name, "counts", key).await? != Some(*n) {
-                        return Ok(None);
-                    }
-                }
-                Ok(Some(()))
-            }
-        },
-    )
-    .await?;
+    baton_tests::wait_counts(&api, &name, "counts", &expected, Duration::from_secs(60)).await?;
     // Nothing is replayed twice.
     let r = api.post_json(&path, &json!({})).await?;
     assert_eq!(r.status, 202, "{r:?}");

@@ -291,17 +291,7 @@ async fn kill_three_times(
             },
         )
         .await?;
-        let delay = baton_tests::random_delay(
-            seed,
-            round,
-            Duration::from_millis(10),
-            Duration::from_millis(400),
-        );
-        tokio::time::sleep(delay).await;
-        eprintln!(
-            "kill -9 #{round}: {delay:?} after {done} records processed with {lag} waiting (seed {seed})"
-        );
-        host.kill9()?;
+        baton_tests::kill9_at_random(host, seed, round, done, lag).await?;
         host = ChildHost::start(dir, flags).await?;
     }
     Ok(host)

@@ -145,18 +145,7 @@ async fn kill_9_mid_stream_three_times_keeps_counts_exact() -> anyhow::Result<()
             }
         })
         .await?;
-        let delay = baton_tests::random_delay(
-            seed,
-            round,
-            Duration::from_millis(10),
-            Duration::from_millis(400),
-        );
-        tokio::time::sleep(delay).await;
-        eprintln!(
-            "kill -9 #{round}: {delay:?} after {} records processed with {} waiting (seed {seed})",
-            progress.0, progress.1
-        );
-        host.kill9()?;
+        baton_tests::kill9_at_random(host, seed, round, progress.0, progress.1).await?;
         host = ChildHost::start(dir.path(), &flags).await?;
         *api.lock().await = host.api.clone();
     }

@@ -260,21 +260,28 @@ async fn a_version_that_fails_its_first_batches_is_rolled_back_without_losing_re
     host.stop().await
 }
 
-/// A partition that refuses a new version goes on processing at once: recording the rollback
-/// waits for the control lock, which a long admin call may hold, on a thread of its own.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rollback_does_not_stall_the_partition_behind_an_admin_call() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let host = InProcess::start(dir.path()).await?;
+/// A host with pipeline `wc` running word-count version 1; version 2 (fail-on) fails every
+/// record whose value is `x`.
+async fn word_count_then_fail_on(dir: &std::path::Path) -> anyhow::Result<InProcess> {
+    let host = InProcess::start(dir).await?;
     let api = &host.api;
     api.upload_plugin("word-count", "word-count", "1").await?;
-    // Version 2 fails every record whose value is `x`.
     api.upload_plugin("fail-on", "word-count", "2").await?;
     api.create_pipeline(json!({
         "name": "wc", "module": "word-count", "version": "1", "inputs": ["words"],
         "stores": ["counts"], "slots": 2, "partitions": 1, "config": {"value": "x"}
     }))
     .await?;
+    Ok(host)
+}
+
+/// A partition that refuses a new version goes on processing at once: recording the rollback
+/// waits for the control lock, which a long admin call may hold, on a thread of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_does_not_stall_the_partition_behind_an_admin_call() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let host = word_count_then_fail_on(dir.path()).await?;
+    let api = &host.api;
     let keys = words(300, 20, 8);
     let recs: Vec<_> = keys
         .iter()
@@ -331,15 +338,8 @@ async fn a_rollback_does_not_stall_the_partition_behind_an_admin_call() -> anyho
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollback_the_control_log_refuses_changes_nothing_until_recorded() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let host = InProcess::start(dir.path()).await?;
+    let host = word_count_then_fail_on(dir.path()).await?;
     let api = &host.api;
-    api.upload_plugin("word-count", "word-count", "1").await?;
-    api.upload_plugin("fail-on", "word-count", "2").await?;
-    api.create_pipeline(json!({
-        "name": "wc", "module": "word-count", "version": "1", "inputs": ["words"],
-        "stores": ["counts"], "slots": 2, "partitions": 1, "config": {"value": "x"}
-    }))
-    .await?;
     let r = swap(api, "wc", "2").await?;
     assert_eq!(r["outcome"], "swapped", "{r}");
     host.baton.fail_control_appends_for_test(1_000);

@@ -1039,21 +1039,10 @@ fn replayed_message(first_input: &str, slot: u32, r: LogRecord) -> Message {
     let offset = header("baton.offset")
         .and_then(|o| o.parse().ok())
         .unwrap_or(r.offset);
-    Message {
-        topic,
-        slot,
-        offset,
-        timestamp: r.record.timestamp,
-        key: r.record.key,
-        value: r.record.value,
-        headers: r
-            .record
-            .headers
-            .into_iter()
-            .filter(|(k, _)| !k.starts_with("baton."))
-            .map(|(key, value)| crate::runtime::Header { key, value })
-            .collect(),
-    }
+    let mut m = to_message(&topic, slot, r);
+    m.offset = offset;
+    m.headers.retain(|h| !h.key.starts_with("baton."));
+    m
 }
 
 fn to_message(topic: &str, slot: u32, r: LogRecord) -> Message {
