@@ -239,6 +239,16 @@ impl Api {
             .collect())
     }
 
+    /// Records dead-lettered by every partition of the host since it started.
+    pub async fn dead_letters(&self) -> Result<u64> {
+        Ok(self
+            .partitions()
+            .await?
+            .iter()
+            .map(|p| p["dead_letters"].as_u64().unwrap_or(0))
+            .sum())
+    }
+
     /// The partition table.
     pub async fn partitions(&self) -> Result<Vec<Value>> {
         let r = self.get("/api/v1/partitions").await?;
