@@ -36,6 +36,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 BOOT = os.environ.get("BATON_KAFKA", "127.0.0.1:9092")
 N = int(os.environ.get("BATON_STEADY_RECORDS", "16000000").replace("_", ""))
 ROUNDS = int(os.environ.get("BATON_STEADY_ROUNDS", "3"))
+# baton's commit_interval_ms (its default when unset), to measure throughput across intervals.
+COMMIT_INTERVAL = os.environ.get("BATON_STEADY_COMMIT_INTERVAL_MS")
 SLOTS = 8
 KEYS = 20_000
 TICK = os.sysconf("SC_CLK_TCK")
@@ -169,10 +171,13 @@ def run_baton(topic, guarantee, n):
         base = "http://" + open(addr).read().strip()
         http(base, "POST", "/api/v1/modules?name=word-count&version=1",
              open(PLUGIN, "rb").read(), "application/wasm")
-        http(base, "POST", "/api/v1/pipelines", json.dumps({
+        spec = {
             "name": "wc", "module": "word-count", "version": "1", "inputs": [topic],
             "stores": ["counts"], "slots": SLOTS, "partitions": 2, "guarantee": guarantee,
-        }).encode())
+        }
+        if COMMIT_INTERVAL is not None:
+            spec["commit_interval_ms"] = int(COMMIT_INTERVAL)
+        http(base, "POST", "/api/v1/pipelines", json.dumps(spec).encode())
         return measure(proc, f"{cluster}.wc", topic, "baton")
     finally:
         stop(proc)

@@ -184,6 +184,8 @@ pub struct PipelinePatch {
     pub swap: Option<crate::task::SwapPolicy>,
     /// New WASI grants.
     pub wasi: Option<crate::runtime::host::WasiGrants>,
+    /// New commit interval, in milliseconds.
+    pub commit_interval_ms: Option<u64>,
 }
 
 /// The answer to a hot swap.
@@ -1231,6 +1233,7 @@ impl Baton {
                     config: Some(back.settings.config_json.clone()),
                     swap: Some(back.settings.swap.clone()),
                     wasi: Some(back.settings.wasi.clone()),
+                    commit_interval_ms: Some(back.settings.commit_interval_ms),
                     at: now_ms(),
                     rollback_reason: Some(reason.to_string()),
                 })
@@ -1272,9 +1275,11 @@ impl Baton {
             && patch.config.is_none()
             && patch.swap.is_none()
             && patch.wasi.is_none()
+            && patch.commit_interval_ms.is_none()
         {
             return Err(Error::BadRequest(
-                "nothing to change: send any of limits, config, swap, wasi".into(),
+                "nothing to change: send any of limits, config, swap, wasi, commit_interval_ms"
+                    .into(),
             ));
         }
         // Read, checked and recorded under the control lock, so that two changes (or a change
@@ -1288,6 +1293,7 @@ impl Baton {
             config: patch.config,
             swap: patch.swap,
             wasi: patch.wasi,
+            commit_interval_ms: patch.commit_interval_ms,
             at: now_ms(),
             rollback_reason: None,
         };

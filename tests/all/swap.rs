@@ -366,7 +366,12 @@ async fn a_rollback_the_control_log_refuses_changes_nothing_until_recorded() -> 
     // A new session (here after a failed state read) starts on the version the partition went
     // back to, not on the one it refused, though the rollback is not recorded yet.
     host.baton.partition_handles()[0].db.faults().fail_reads(1);
-    let more = words(100, 10, 4);
+    // Keys the partition has not seen: those it has are in its hot-key cache, not read from
+    // RocksDB.
+    let more: Vec<String> = words(100, 10, 4)
+        .into_iter()
+        .map(|w| format!("new-{w}"))
+        .collect();
     let recs: Vec<_> = more
         .iter()
         .map(|k| (k.clone(), Some("x".to_string())))

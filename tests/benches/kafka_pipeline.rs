@@ -287,20 +287,28 @@ fn word_count(
 }
 
 /// Uppercase at a fixed rate; returns (p50, p99, max) in ms of produce → read_committed.
-fn latency(baton: &Baton, name: &str, module: &str, guarantee: &str) -> Result<(f64, f64, f64)> {
+/// `interval`: the pipeline's `commit_interval_ms` (its default when `None`).
+fn latency(
+    baton: &Baton,
+    name: &str,
+    module: &str,
+    guarantee: &str,
+    interval: Option<u64>,
+) -> Result<(f64, f64, f64)> {
     let input = baton_tests::unique("bench-lat-in");
     let output = baton_tests::unique("bench-lat-out");
     create_topic(baton, &input)?;
     let mut config = serde_json::Map::new();
     config.insert("output".into(), output.clone().into());
-    create(
-        baton,
-        serde_json::json!({
-            "name": name, "module": module, "version": "1", "inputs": [input],
-            "outputs": [output], "slots": SLOTS, "partitions": PARTITIONS,
-            "guarantee": guarantee, "config": config,
-        }),
-    )?;
+    let mut spec = serde_json::json!({
+        "name": name, "module": module, "version": "1", "inputs": [input],
+        "outputs": [output], "slots": SLOTS, "partitions": PARTITIONS,
+        "guarantee": guarantee, "config": config,
+    });
+    if let Some(ms) = interval {
+        spec["commit_interval_ms"] = ms.into();
+    }
+    create(baton, spec)?;
     wait_until(&format!("{name} to run"), Duration::from_secs(60), || {
         let parts = baton.partitions();
         let mine: Vec<_> = parts.iter().filter(|p| p.pipeline == name).collect();
@@ -463,9 +471,28 @@ fn main() -> Result<()> {
         baton
             .upload_module("uppercase", "1", &baton_tests::plugin_bytes("uppercase"))
             .map_err(|e| anyhow::anyhow!("{e}"))?;
-        for (guarantee, short) in [("exactly-once", "eos"), ("at-least-once", "alo")] {
-            let (p50, p99, max) = latency(&baton, &format!("up-{short}"), "uppercase", guarantee)?;
-            println!("{guarantee}: p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms");
+        // BATON_BENCH_COMMIT_INTERVALS=0,10,20,50,100 measures each commit interval.
+        let intervals: Vec<Option<u64>> = match std::env::var("BATON_BENCH_COMMIT_INTERVALS") {
+            Ok(list) => list
+                .split(',')
+                .map(|ms| ms.trim().parse().map(Some))
+                .collect::<Result<_, _>>()
+                .context("BATON_BENCH_COMMIT_INTERVALS: a comma-separated list of milliseconds")?,
+            Err(_) => vec![None],
+        };
+        println!(
+            "| guarantee | commit_interval_ms | p50 ms | p99 ms | max ms |\n|---|---:|---:|---:|---:|"
+        );
+        for interval in intervals {
+            for (guarantee, short) in [("exactly-once", "eos"), ("at-least-once", "alo")] {
+                let name = format!(
+                    "up-{short}-{}",
+                    interval.map_or("d".into(), |i| i.to_string())
+                );
+                let (p50, p99, max) = latency(&baton, &name, "uppercase", guarantee, interval)?;
+                let shown = interval.map_or("default".into(), |i| i.to_string());
+                println!("| {guarantee} | {shown} | {p50:.1} | {p99:.1} | {max:.1} |");
+            }
         }
         baton.shutdown();
         return Ok(());
@@ -588,7 +615,7 @@ fn main() -> Result<()> {
         eprintln!("latency {guarantee}…");
         lat.insert(
             guarantee,
-            latency(&baton, &format!("up-{short}"), "uppercase", guarantee)?,
+            latency(&baton, &format!("up-{short}"), "uppercase", guarantee, None)?,
         );
     }
     baton.shutdown();

@@ -91,6 +91,9 @@ pub struct PipelineUpdate {
     /// New WASI grants.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wasi: Option<crate::runtime::host::WasiGrants>,
+    /// New commit interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_interval_ms: Option<u64>,
     /// When (ms since the epoch).
     pub at: i64,
     /// Set when a partition refused the settings before and this puts the previous ones back.
@@ -112,6 +115,9 @@ impl PipelineUpdate {
         }
         if let Some(w) = &self.wasi {
             spec.wasi = w.clone();
+        }
+        if let Some(c) = self.commit_interval_ms {
+            spec.commit_interval_ms = c;
         }
     }
 }

@@ -83,6 +83,12 @@ pub struct PipelineSpec {
     /// every other).
     #[serde(default)]
     pub partitioner: crate::transport::partitioner::Partitioner,
+    /// `commit_interval_ms = 20`: how long processed records may wait for their commit (one
+    /// Kafka transaction or flush, one RocksDB write). Shorter gives lower end-to-end latency,
+    /// longer fewer commits; 0 commits after every fetched batch. Records also commit at once
+    /// when the input runs dry.
+    #[serde(default = "default_commit_interval_ms")]
+    pub commit_interval_ms: u64,
 }
 
 /// Limits of a pipeline's instances. A guest over a limit traps; the record goes to the DLQ.
@@ -121,6 +127,16 @@ fn default_partitions() -> u32 {
     1
 }
 
+/// The default of `commit_interval_ms`.
+pub const DEFAULT_COMMIT_INTERVAL_MS: u64 = 20;
+
+/// The longest `commit_interval_ms` (a minute).
+pub const MAX_COMMIT_INTERVAL_MS: u64 = 60_000;
+
+fn default_commit_interval_ms() -> u64 {
+    DEFAULT_COMMIT_INTERVAL_MS
+}
+
 /// Most slots a pipeline may have.
 pub const MAX_SLOTS: u32 = 4096;
 
@@ -152,6 +168,12 @@ impl PipelineSpec {
             return Err(format!(
                 "limits.memory_bytes = {} is out of range: use 1 MiB (1048576) to 4 GiB",
                 self.limits.memory_bytes
+            ));
+        }
+        if self.commit_interval_ms > MAX_COMMIT_INTERVAL_MS {
+            return Err(format!(
+                "commit_interval_ms = {} is out of range: use 0 to {MAX_COMMIT_INTERVAL_MS}",
+                self.commit_interval_ms
             ));
         }
         if self.limits.cpu_ms < 10 || self.limits.cpu_ms > 600_000 {

@@ -217,6 +217,7 @@ impl HostCtx {
         grants: WasiGrants,
     ) -> Self {
         let (wasi, stderr) = new_wasi(&grants);
+        let overlay = Overlay::with_budget(db.hot_budget());
         HostCtx {
             wasi,
             stderr,
@@ -228,7 +229,7 @@ impl HostCtx {
             pipeline,
             db,
             limits_w: write_limits,
-            overlay: Overlay::default(),
+            overlay,
             outputs: Vec::new(),
             call_start: 0,
             cursor: Cursor::default(),
@@ -323,7 +324,9 @@ impl HostCtx {
             return Ok(v.map(<[u8]>::to_vec));
         }
         let r = self.db.get(store, &k);
-        self.host_result(r)
+        let v = self.host_result(r)?;
+        self.overlay.remember(store, k, v.clone());
+        Ok(v)
     }
 
     /// A state failure is the host's fault, not the guest's: it is recorded in

@@ -14,7 +14,9 @@
 
 mod overlay;
 
-pub use overlay::{Overlay, WriteOp};
+pub use overlay::{HotBudget, Overlay, WriteOp};
+
+use std::sync::Arc;
 
 use std::path::{Path, PathBuf};
 
@@ -88,6 +90,8 @@ pub type Result<T> = std::result::Result<T, StateError>;
 /// What all partitions of one host share: the block cache and the write-buffer manager.
 pub struct StateEnv {
     cache: Cache,
+    /// The partitions' hot-key caches: an eighth of `memory`, the block cache the rest.
+    hot: Arc<overlay::HotBudget>,
     write_buffers: WriteBufferManager,
     memory: usize,
     /// Database options shared by every partition; their copies share one statistics object,
@@ -110,7 +114,8 @@ impl StateEnv {
     /// A state environment bounded to `memory` bytes of block cache and memtables together.
     pub fn new(memory: usize) -> Self {
         let memory = memory.max(16 << 20);
-        let cache = Cache::new_lru_cache(memory);
+        let hot = overlay::HotBudget::new(memory / 8);
+        let cache = Cache::new_lru_cache(memory - memory / 8);
         // Memtables are charged to the cache, so both stay within `memory`; a quarter may be
         // memtables before RocksDB flushes.
         let write_buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
@@ -121,6 +126,7 @@ impl StateEnv {
         let db_options = Self::make_db_options(&write_buffers);
         StateEnv {
             cache,
+            hot,
             write_buffers,
             memory,
             db_options,
@@ -152,6 +158,11 @@ impl StateEnv {
     /// Bytes of the cache pinned by live readers.
     pub fn cache_pinned(&self) -> usize {
         self.cache.get_pinned_usage()
+    }
+
+    /// Bytes the partitions' hot-key caches hold.
+    pub fn hot_usage(&self) -> usize {
+        self.hot.used()
     }
 
     /// Bytes of memtables across all partitions.
@@ -212,6 +223,7 @@ impl StateEnv {
             stores: stores.to_vec(),
             cf_names: stores.iter().map(|s| store_cf(s)).collect(),
             path: path.to_path_buf(),
+            hot: self.hot.clone(),
         })
     }
 }
@@ -236,9 +248,15 @@ pub struct PartitionDb {
     /// Column family names by store id, computed once: the hot path must not format strings.
     cf_names: Vec<String>,
     path: PathBuf,
+    hot: Arc<overlay::HotBudget>,
 }
 
 impl PartitionDb {
+    /// The host's budget of hot-key caches.
+    pub fn hot_budget(&self) -> Arc<overlay::HotBudget> {
+        self.hot.clone()
+    }
+
     /// Declared store names, in column-family order (the index is the store id).
     pub fn stores(&self) -> &[String] {
         &self.stores
@@ -361,9 +379,9 @@ impl PartitionDb {
 
     /// Applies data writes and metadata writes as one atomic RocksDB write. The write is in the
     /// WAL but not synced: on Kafka the changelog is the durability.
-    pub fn commit(
+    pub fn commit<'a>(
         &self,
-        writes: impl IntoIterator<Item = WriteOp>,
+        writes: impl IntoIterator<Item = &'a WriteOp>,
         meta: &[(String, Option<Vec<u8>>)],
     ) -> Result<()> {
         self.commit_with(writes, meta, false)
@@ -371,16 +389,16 @@ impl PartitionDb {
 
     /// [`PartitionDb::commit`], with the WAL synced to disk before it returns when `sync`: the
     /// commit survives a power loss (the embedded log, where RocksDB is the durability).
-    pub fn commit_with(
+    pub fn commit_with<'a>(
         &self,
-        writes: impl IntoIterator<Item = WriteOp>,
+        writes: impl IntoIterator<Item = &'a WriteOp>,
         meta: &[(String, Option<Vec<u8>>)],
         sync: bool,
     ) -> Result<()> {
         let mut wb = WriteBatch::default();
         for op in writes {
             let cf = self.cf(op.store)?;
-            match op.value {
+            match &op.value {
                 Some(v) => wb.put_cf(cf, &op.key, v),
                 None => wb.delete_cf(cf, &op.key),
             }
@@ -443,7 +461,7 @@ mod tests {
         {
             let db = env.open_partition(dir.path(), &stores).unwrap();
             db.commit(
-                vec![WriteOp {
+                &[WriteOp {
                     store: 0,
                     key: slot_key(3, b"a"),
                     value: Some(b"1".to_vec()),
@@ -461,7 +479,7 @@ mod tests {
             .unwrap();
         assert_eq!(all.len(), 1);
         db.commit(
-            vec![WriteOp {
+            &[WriteOp {
                 store: 0,
                 key: slot_key(4, b"b"),
                 value: Some(b"2".to_vec()),

@@ -1,8 +1,62 @@
-//! The batch overlay: writes of the batch being processed, in front of RocksDB. Reads see them
+//! The batch overlay: writes of the batches being processed, in front of RocksDB. Reads see them
 //! (read-your-writes); a failed guest call drops its own writes without touching those of
-//! earlier calls; the batch's writes reach RocksDB only at commit.
+//! earlier calls; the pending writes reach RocksDB only at commit.
+//!
+//! Behind the pending writes, a hot-key cache keeps committed values (and keys known to be
+//! absent) across commits, so that hot keys are not looked up in RocksDB's memtables again and
+//! again. It only ever holds what RocksDB holds: a committed batch's writes enter it after the
+//! RocksDB write, a read's result right after the read, and it lives as long as the instance's
+//! context, which a new session (after any error, a restore, a rollback) does not reuse. Its
+//! bytes are charged to a budget shared by every partition of the host, carved out of
+//! `--state-memory`; a partition that finds the budget spent empties its own cache.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// What the hot-key caches of a host's partitions may hold together, in bytes.
+#[derive(Debug, Default)]
+pub struct HotBudget {
+    limit: usize,
+    used: AtomicUsize,
+}
+
+impl HotBudget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: usize) -> Arc<Self> {
+        Arc::new(HotBudget {
+            limit,
+            used: AtomicUsize::new(0),
+        })
+    }
+
+    /// Bytes held now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// The bound.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    fn try_charge(&self, n: usize) -> bool {
+        self.used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                (u + n <= self.limit).then_some(u + n)
+            })
+            .is_ok()
+    }
+
+    fn release(&self, n: usize) {
+        self.used.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
+/// Bytes an entry of the cache is charged: key, value and the map's own overhead.
+fn entry_bytes(key: &[u8], value: &Option<Vec<u8>>) -> usize {
+    key.len() + value.as_ref().map_or(0, Vec::len) + 64
+}
 
 /// One write of a committed batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,88 +73,173 @@ pub struct WriteOp {
 /// collide.
 type Map = HashMap<Vec<u8>, Option<Vec<u8>>, foldhash::fast::RandomState>;
 
-/// Pending writes of one batch, with a savepoint per guest call. One map per store, so that a
-/// lookup borrows the key instead of building one.
+/// A pending value and the guest call that first wrote the key.
+type PendingMap = HashMap<Vec<u8>, (Option<Vec<u8>>, u64), foldhash::fast::RandomState>;
+
+/// Pending writes with a savepoint per guest call, then the hot-key cache. One map per store,
+/// so that a lookup borrows the key instead of building one.
+///
+/// A write goes straight into the pending map. A value it replaces goes to the call's undo log
+/// (with the key, which the map already holds); a key it adds is tagged with the call. Keeping
+/// a call forgets its undo log; dropping it replays the log backwards and removes the keys the
+/// call added. Only the rare failed call pays more than a lookup.
 #[derive(Default)]
 pub struct Overlay {
-    batch: Vec<Map>,
-    call: Vec<Map>,
+    pending: Vec<PendingMap>,
+    /// Of the current call: per replaced value, its store, key and the value before.
+    undo: Vec<(usize, Vec<u8>, Option<Vec<u8>>)>,
+    /// Keys the current call added.
+    added: usize,
+    /// The current call's number.
+    call: u64,
+    /// Committed values (`None`: absent from RocksDB); empty without a budget.
+    clean: Vec<Map>,
+    clean_bytes: usize,
+    budget: Option<Arc<HotBudget>>,
 }
 
-fn slot_of(maps: &mut Vec<Map>, store: usize) -> &mut Map {
+impl Drop for Overlay {
+    fn drop(&mut self) {
+        if let Some(b) = &self.budget {
+            b.release(self.clean_bytes);
+        }
+    }
+}
+
+fn slot_of<M: Default>(maps: &mut Vec<M>, store: usize) -> &mut M {
     if maps.len() <= store {
-        maps.resize_with(store + 1, Map::default);
+        maps.resize_with(store + 1, M::default);
     }
     &mut maps[store]
 }
 
 impl Overlay {
-    /// The pending value: `None` if the overlay does not know the key, `Some(None)` if the batch
-    /// deleted it, `Some(Some(v))` if it wrote `v`.
+    /// An overlay whose hot-key cache is charged to `budget`.
+    pub fn with_budget(budget: Arc<HotBudget>) -> Self {
+        let mut o = Overlay::default();
+        o.budget = Some(budget);
+        o
+    }
+
+    /// The value as the overlay knows it: `None` if it does not know the key (read RocksDB),
+    /// `Some(None)` if the key is deleted or absent, `Some(Some(v))` if its value is `v`.
     pub fn get(&self, store: usize, key: &[u8]) -> Option<Option<&[u8]>> {
-        fn hit<'a>(maps: &'a [Map], store: usize, key: &[u8]) -> Option<&'a Option<Vec<u8>>> {
-            maps.get(store).and_then(|m| m.get(key))
+        if let Some((v, _)) = self.pending.get(store).and_then(|m| m.get(key)) {
+            return Some(v.as_deref());
         }
-        hit(&self.call, store, key)
-            .or_else(|| hit(&self.batch, store, key))
+        self.clean
+            .get(store)
+            .and_then(|m| m.get(key))
             .map(|v| v.as_deref())
+    }
+
+    /// Caches a value read from RocksDB (`None`: the key is absent there).
+    pub fn remember(&mut self, store: usize, key: Vec<u8>, value: Option<Vec<u8>>) {
+        let Some(budget) = self.budget.clone() else {
+            return;
+        };
+        let n = entry_bytes(&key, &value);
+        let key_len = key.len();
+        if !budget.try_charge(n) {
+            // The host's budget is spent: this partition starts its cache over.
+            budget.release(self.clean_bytes);
+            self.clean_bytes = 0;
+            self.clean.iter_mut().for_each(Map::clear);
+            if !budget.try_charge(n) {
+                return;
+            }
+        }
+        if let Some(old) = slot_of(&mut self.clean, store).insert(key, value) {
+            // Charged again below, with the new value; the old entry's charge goes back.
+            let back = entry_bytes(&[], &old) + key_len;
+            budget.release(back.min(self.clean_bytes));
+            self.clean_bytes -= back.min(self.clean_bytes);
+        }
+        self.clean_bytes += n;
+    }
+
+    /// Moves committed writes (now in RocksDB) into the hot-key cache.
+    pub fn settle(&mut self, writes: Vec<WriteOp>) {
+        if self.budget.is_none() {
+            return;
+        }
+        for w in writes {
+            self.remember(w.store, w.key, w.value);
+        }
+    }
+
+    /// Bytes the hot-key cache holds.
+    pub fn cached_bytes(&self) -> usize {
+        self.clean_bytes
     }
 
     /// Records a write of the current call.
     pub fn put(&mut self, store: usize, key: Vec<u8>, value: Option<Vec<u8>>) {
-        slot_of(&mut self.call, store).insert(key, value);
-    }
-
-    /// Keeps the current call's writes as part of the batch.
-    pub fn keep_call(&mut self) {
-        for (store, call) in self.call.iter_mut().enumerate() {
-            if call.is_empty() {
-                continue;
+        let call = self.call;
+        let m = slot_of(&mut self.pending, store);
+        match m.get_mut(key.as_slice()) {
+            Some((v, _)) => {
+                let before = std::mem::replace(v, value);
+                self.undo.push((store, key, before));
             }
-            let batch = slot_of(&mut self.batch, store);
-            if batch.is_empty() {
-                std::mem::swap(batch, call);
-            } else {
-                batch.extend(call.drain());
+            None => {
+                m.insert(key, (value, call));
+                self.added += 1;
             }
         }
+    }
+
+    /// Keeps the current call's writes.
+    pub fn keep_call(&mut self) {
+        self.undo.clear();
+        self.added = 0;
+        self.call += 1;
     }
 
     /// Drops the current call's writes.
     pub fn drop_call(&mut self) {
-        self.call.iter_mut().for_each(Map::clear);
+        for (store, key, before) in self.undo.drain(..).rev() {
+            if let Some((v, _)) = self.pending[store].get_mut(key.as_slice()) {
+                *v = before;
+            }
+        }
+        if self.added > 0 {
+            let call = self.call;
+            for m in &mut self.pending {
+                m.retain(|_, (_, born)| *born != call);
+            }
+        }
+        self.added = 0;
+        self.call += 1;
     }
 
     /// Pending entries of `store` with `start <= key < end`, for merging into a scan.
     pub fn range(&self, store: usize, start: &[u8], end: &[u8]) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
-        let mut merged: HashMap<&[u8], &Option<Vec<u8>>> = HashMap::new();
-        for maps in [&self.batch, &self.call] {
-            if let Some(m) = maps.get(store) {
-                for (k, v) in m {
-                    if k.as_slice() >= start && k.as_slice() < end {
-                        merged.insert(k.as_slice(), v);
-                    }
-                }
-            }
-        }
-        let mut v: Vec<_> = merged
+        let mut v: Vec<_> = self
+            .pending
+            .get(store)
             .into_iter()
-            .map(|(k, v)| (k.to_vec(), v.clone()))
+            .flatten()
+            .filter(|(k, _)| k.as_slice() >= start && k.as_slice() < end)
+            .map(|(k, (v, _))| (k.clone(), v.clone()))
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     }
 
-    /// True when the batch has no writes.
+    /// True when nothing is pending.
     pub fn is_empty(&self) -> bool {
-        self.batch.iter().chain(self.call.iter()).all(Map::is_empty)
+        self.pending.iter().all(PendingMap::is_empty)
     }
 
-    /// Takes the batch's writes (the current call's must have been kept or dropped).
+    /// Takes the pending writes (the current call's must have been kept or dropped).
     pub fn take(&mut self) -> Vec<WriteOp> {
-        let mut out = Vec::new();
-        for (store, m) in self.batch.iter_mut().enumerate() {
-            out.extend(m.drain().map(|(key, value)| WriteOp { store, key, value }));
+        let mut out = Vec::with_capacity(self.pending.iter().map(PendingMap::len).sum());
+        for (store, m) in self.pending.iter_mut().enumerate() {
+            out.extend(
+                m.drain()
+                    .map(|(key, (value, _))| WriteOp { store, key, value }),
+            );
         }
         out
     }
@@ -131,6 +270,62 @@ mod tests {
                 key: b"a".to_vec(),
                 value: Some(b"1".to_vec())
             }]
+        );
+        assert!(o.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod hot_tests {
+    use super::*;
+
+    #[test]
+    fn settled_writes_are_hits() {
+        let budget = HotBudget::new(1 << 20);
+        let mut o = Overlay::with_budget(budget.clone());
+        o.put(0, b"k".to_vec(), Some(b"1".to_vec()));
+        o.keep_call();
+        let w = o.take();
+        assert_eq!(o.get(0, b"k"), None);
+        o.settle(w);
+        assert_eq!(o.get(0, b"k"), Some(Some(&b"1"[..])));
+        assert!(budget.used() > 0);
+        drop(o);
+        assert_eq!(budget.used(), 0);
+    }
+}
+
+#[cfg(test)]
+mod undo_tests {
+    use super::*;
+
+    #[test]
+    fn a_dropped_call_restores_every_value_it_replaced_and_removes_what_it_added() {
+        let mut o = Overlay::default();
+        o.put(0, b"a".to_vec(), Some(b"1".to_vec()));
+        o.put(1, b"a".to_vec(), Some(b"x".to_vec()));
+        o.keep_call();
+        // The failing call: replaces `a` twice, adds `b` then replaces it, deletes 1/a.
+        o.put(0, b"a".to_vec(), Some(b"2".to_vec()));
+        o.put(0, b"a".to_vec(), Some(b"3".to_vec()));
+        o.put(0, b"b".to_vec(), Some(b"1".to_vec()));
+        o.put(0, b"b".to_vec(), Some(b"2".to_vec()));
+        o.put(1, b"a".to_vec(), None);
+        assert_eq!(o.get(0, b"a"), Some(Some(&b"3"[..])));
+        assert_eq!(o.get(1, b"a"), Some(None));
+        o.drop_call();
+        assert_eq!(o.get(0, b"a"), Some(Some(&b"1"[..])));
+        assert_eq!(o.get(0, b"b"), None);
+        assert_eq!(o.get(1, b"a"), Some(Some(&b"x"[..])));
+        // The next call's writes are kept.
+        o.put(0, b"c".to_vec(), Some(b"9".to_vec()));
+        o.keep_call();
+        let mut w = o.take();
+        w.sort_by(|a, b| (a.store, &a.key).cmp(&(b.store, &b.key)));
+        let keys: Vec<_> = w.iter().map(|w| (w.store, w.key.clone())).collect();
+        assert_eq!(
+            keys,
+            vec![(0, b"a".to_vec()), (0, b"c".to_vec()), (1, b"a".to_vec())]
         );
         assert!(o.is_empty());
     }

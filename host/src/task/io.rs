@@ -105,15 +105,16 @@ pub trait PartitionIo: Send {
         db: &PartitionDb,
         replays: &ReplayRanges,
     ) -> anyhow::Result<Vec<Vec<u64>>>;
-    /// Up to `max` records from the slots, grouped by (input, slot); waits a little (about
-    /// 100 ms) when there are none.
+    /// Up to `max` records from the slots, grouped by (input, slot): what is there, at once;
+    /// when nothing is, waits up to `wait` for some.
     fn fetch(
         &mut self,
         next: &[Vec<u64>],
         max: usize,
+        wait: Duration,
     ) -> anyhow::Result<Vec<(usize, u32, Vec<LogRecord>)>>;
     /// Commits a batch atomically; on error nothing of it is in RocksDB.
-    fn commit(&mut self, db: &PartitionDb, batch: Batch) -> anyhow::Result<()>;
+    fn commit(&mut self, db: &PartitionDb, batch: &Batch) -> anyhow::Result<()>;
     /// The end of an input slot for lag: `next` when everything committed there is consumed.
     fn end_offset(&mut self, input: usize, slot: u32, next: u64) -> Option<u64>;
     /// True when the replay of `slot`'s dead letters has nothing left below its end, `next`
@@ -276,6 +277,7 @@ impl PartitionIo for EmbeddedIo {
         &mut self,
         next: &[Vec<u64>],
         max: usize,
+        wait: Duration,
     ) -> anyhow::Result<Vec<(usize, u32, Vec<LogRecord>)>> {
         let generation = self.log.generation();
         let mut fetched = Vec::new();
@@ -309,14 +311,13 @@ impl PartitionIo for EmbeddedIo {
             }
         }
         self.rotate = (self.rotate + 1) % n.max(1);
-        if fetched.is_empty() {
-            self.log
-                .wait_for_append(generation, Duration::from_millis(100));
+        if fetched.is_empty() && !wait.is_zero() {
+            self.log.wait_for_append(generation, wait);
         }
         Ok(fetched)
     }
 
-    fn commit(&mut self, db: &PartitionDb, batch: Batch) -> anyhow::Result<()> {
+    fn commit(&mut self, db: &PartitionDb, batch: &Batch) -> anyhow::Result<()> {
         let seq = self.seq + 1;
         let mut meta = Vec::with_capacity(batch.offsets.len() + 2);
         for (ti, slot, next) in &batch.offsets {
@@ -331,7 +332,7 @@ impl PartitionIo for EmbeddedIo {
             (!batch.outputs.is_empty()).then(|| encode_outbox(&batch.outputs)),
         ));
         // Synced: after a power loss the state, offsets and outbox are those of a committed batch.
-        db.commit_with(batch.writes, &meta, true)?;
+        db.commit_with(&batch.writes, &meta, true)?;
         self.seq = seq;
         self.publish(&batch.outputs, seq)
     }

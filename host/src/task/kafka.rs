@@ -58,7 +58,6 @@ pub struct KafkaIo {
     producer: BatchProducer,
     changelogs: Vec<String>,
     ends: HashMap<(usize, u32), (u64, Instant)>,
-    linger: Duration,
     /// The topics read: inputs, and the dead-letter topic during a replay.
     sources: Sources,
     /// When the input topics' partition counts were last compared with the slots.
@@ -93,8 +92,6 @@ impl KafkaIo {
             transport.check_compacted(c)?;
         }
         check_inputs(&transport, &pipeline)?;
-        // A transaction costs a few round trips: gather records longer under exactly-once.
-        let linger = Duration::from_millis(if eos { 10 } else { 2 });
         let sources = Sources {
             topics: pipeline.spec.inputs.clone(),
             replay_ends: Vec::new(),
@@ -108,7 +105,6 @@ impl KafkaIo {
             producer,
             changelogs,
             ends: HashMap::new(),
-            linger,
             restored: 0,
             sources,
             inputs_checked: Instant::now(),
@@ -214,11 +210,7 @@ impl PartitionIo for KafkaIo {
         let mut last_progress = Instant::now();
         let mut last_log = Instant::now();
         while !pending.is_empty() {
-            let fetched = reader.fetch(
-                10_000,
-                Duration::from_millis(200),
-                Duration::from_millis(20),
-            );
+            let fetched = reader.fetch(10_000, Duration::from_millis(200));
             let mut writes = Vec::new();
             let mut meta = Vec::new();
             for f in &fetched {
@@ -242,7 +234,7 @@ impl PartitionIo for KafkaIo {
                 done += f.records.len() as u64;
             }
             if !writes.is_empty() {
-                db.commit(writes, &meta)?;
+                db.commit(&writes, &meta)?;
                 last_progress = Instant::now();
             }
             // A changelog partition is done once the reader's position passed its end
@@ -365,7 +357,7 @@ impl PartitionIo for KafkaIo {
                 ));
             }
         }
-        db.commit(Vec::new(), &meta)?;
+        db.commit(&[], &meta)?;
         Ok(out)
     }
 
@@ -373,14 +365,13 @@ impl PartitionIo for KafkaIo {
         &mut self,
         _next: &[Vec<u64>],
         max: usize,
+        wait: Duration,
     ) -> anyhow::Result<Vec<(usize, u32, Vec<LogRecord>)>> {
         if self.inputs_checked.elapsed() > INPUT_CHECK_INTERVAL {
             self.inputs_checked = Instant::now();
             check_inputs(&self.transport, &self.pipeline)?;
         }
-        let fetched = self
-            .consumer
-            .fetch(max, Duration::from_millis(100), self.linger);
+        let fetched = self.consumer.fetch(max, wait);
         let replay_row = self.sources.replay_row(self.pipeline.spec.inputs.len());
         let first_slot = self.slots.start;
         Ok(fetched
@@ -398,11 +389,11 @@ impl PartitionIo for KafkaIo {
             .collect())
     }
 
-    fn commit(&mut self, db: &PartitionDb, batch: Batch) -> anyhow::Result<()> {
-        let offsets = self.offsets(&batch);
+    fn commit(&mut self, db: &PartitionDb, batch: &Batch) -> anyhow::Result<()> {
+        let offsets = self.offsets(batch);
         let written = if self.producer.is_transactional() {
             self.producer.begin()?;
-            let result = self.send_batch(&batch).and_then(|()| {
+            let result = self.send_batch(batch).and_then(|()| {
                 let t0 = Instant::now();
                 let written = self.producer.flush()?;
                 let t1 = Instant::now();
@@ -423,7 +414,7 @@ impl PartitionIo for KafkaIo {
             }
         } else {
             let t0 = Instant::now();
-            self.send_batch(&batch)?;
+            self.send_batch(batch)?;
             let t1 = Instant::now();
             let written = self.producer.flush()?;
             tracing::debug!(
@@ -449,7 +440,7 @@ impl PartitionIo for KafkaIo {
                 ));
             }
         }
-        db.commit(batch.writes, &meta)?;
+        db.commit(&batch.writes, &meta)?;
         if !self.producer.is_transactional() {
             self.consumer.commit_async(&offsets)?;
         }

@@ -79,6 +79,9 @@ pub struct ReplayProgress {
     pub to: u64,
 }
 
+/// How long a fetch waits for input when nothing is pending.
+const FETCH_WAIT: Duration = Duration::from_millis(100);
+
 /// Opens a session's [`PartitionIo`].
 pub type IoFactory = Box<dyn Fn() -> anyhow::Result<Box<dyn PartitionIo>> + Send + Sync>;
 
@@ -89,6 +92,8 @@ pub struct TaskConfig {
     pub max_batch: usize,
     /// Most records per guest call.
     pub max_call: usize,
+    /// Most records processed between two commits, whatever the commit interval.
+    pub max_pending: u64,
 }
 
 impl Default for TaskConfig {
@@ -96,6 +101,7 @@ impl Default for TaskConfig {
         TaskConfig {
             max_batch: 8192,
             max_call: 512,
+            max_pending: 65_536,
         }
     }
 }
@@ -562,45 +568,68 @@ impl PartitionTask {
         let spec = &self.pipeline.spec;
         let dlq = self.pipeline.dlq_topic();
         let time = &self.status.time;
-        while !self.stop.load(Ordering::Relaxed) {
-            // A batch boundary: nothing is pending, so the module can change under the state.
+        // `next`: where processing goes on; `committed`: what the last commit covered. Batches
+        // between them are pending: their writes are in the overlay, their outputs in the
+        // context, and a failed commit discards them all (the next session starts again from
+        // `committed`).
+        let mut committed = next.clone();
+        let mut pending = Pending::default();
+        loop {
+            let stopping = self.stop.load(Ordering::Relaxed);
+            let generation = self.target.generation();
+            let swap_due = generation != run.current.generation && generation != run.rejected;
+            let replay_changed = self.replays.generation() != replay_generation;
+            let isolating = self.isolating(&next);
+            let interval = Duration::from_millis(run.current.settings.commit_interval_ms);
+            if pending.batches > 0
+                && (stopping
+                    || swap_due
+                    || replay_changed
+                    || isolating
+                    || pending.since.is_some_and(|s| s.elapsed() >= interval)
+                    || pending.records >= self.config.max_pending)
+            {
+                self.commit_pending(io.as_mut(), &mut inst, &mut pending, &next, &dlq)?;
+                committed.clone_from(&next);
+                self.update_progress(io.as_mut(), &committed);
+            }
+            if stopping {
+                break;
+            }
+            // A commit boundary: nothing is pending, so the module can change under the state.
             inst = self.maybe_swap(inst, &mut run)?;
-            if self.replays.generation() != replay_generation {
+            if replay_changed {
                 return Err(SessionError::Restart);
             }
             let fetch_started = Instant::now();
             // After Kafka refused a record for good, the records of that batch go one per
             // commit until they are past.
-            let max_batch = {
-                let mut isolate = self.isolate.lock();
-                match &*isolate {
-                    Some(until)
-                        if next
-                            .iter()
-                            .zip(until)
-                            .any(|(n, u)| n.iter().zip(u).any(|(a, b)| a < b)) =>
-                    {
-                        1
-                    }
-                    Some(_) => {
-                        *isolate = None;
-                        self.config.max_batch
-                    }
-                    None => self.config.max_batch,
-                }
+            let max_batch = if isolating { 1 } else { self.config.max_batch };
+            // With batches pending, wait for input no longer than until they are due.
+            let wait = match pending.since {
+                Some(s) => interval.saturating_sub(s.elapsed()),
+                None => FETCH_WAIT,
             };
-            let fetched = io.fetch(&next, max_batch).map_err(SessionError::from_io)?;
+            let fetched = io
+                .fetch(&next, max_batch, wait)
+                .map_err(SessionError::from_io)?;
             let started = add_elapsed(&time.fetch_us, fetch_started);
             if fetched.is_empty() {
-                self.update_progress(io.as_mut(), &next);
+                if pending.batches > 0 {
+                    // The input is idle: what is pending commits now rather than at the
+                    // interval's end.
+                    self.commit_pending(io.as_mut(), &mut inst, &mut pending, &next, &dlq)?;
+                    committed.clone_from(&next);
+                }
+                self.update_progress(io.as_mut(), &committed);
                 continue;
             }
             let batch_span = tracing::debug_span!("batch");
             let _b = batch_span.enter();
             let mut count = 0u64;
-            let mut unreplayable = Vec::new();
             let mut new_next = next.clone();
             let mut groups = Vec::with_capacity(fetched.len());
+            let mut unreplayable = Vec::new();
             for (ti, slot, recs) in fetched {
                 let idx = (slot - self.slots.start) as usize;
                 if let Some(last) = recs.last() {
@@ -639,7 +668,10 @@ impl PartitionTask {
             }
             let failed_before = self.status.dead_letters.load(Ordering::Relaxed);
             inst = self.process_batch(inst, &run.current, &groups, &dlq)?;
-            if run.probation > 0 {
+            // Under probation every batch commits on its own (nothing is pending before it),
+            // so that it can be undone alone: probation counts commits.
+            let on_probation = run.probation > 0;
+            if on_probation {
                 run.probation -= 1;
                 let failed = self.status.dead_letters.load(Ordering::Relaxed) - failed_before;
                 let share = failed as f64 / count as f64;
@@ -671,85 +703,145 @@ impl PartitionTask {
                     inst = self.process_batch(inst, &run.current, &groups, &dlq)?;
                 }
             }
-            // Every owned slot's offset, idle or not: the broker expires a group's offset
-            // `offsets.retention.minutes` after its last commit.
-            let offsets = batch_offsets(&new_next, self.slots.start);
-            let commit_started = add_elapsed(&time.process_us, started);
-            let ctx = inst.ctx();
-            let mut batch = Batch {
-                writes: ctx.overlay.take(),
-                outputs: std::mem::take(&mut ctx.outputs),
-                offsets,
-            };
-            batch.outputs.append(&mut unreplayable);
-            let mut outputs = batch.outputs.len();
-            if let Err(e) = io.commit(&self.db, batch) {
-                // Nothing of the batch is in RocksDB: the next session resumes before it.
-                if !refused_for_good(&e) {
-                    return Err(SessionError::Retry(e));
-                }
-                let one = groups.iter().flat_map(|(_, m)| m).collect::<Vec<_>>();
-                if one.len() != 1 {
-                    // Kafka refused a record of this batch for good: the next session goes
-                    // through the batch's records one per commit to find it.
-                    tracing::warn!("{e:#}; processing the batch's records one per commit");
-                    *self.isolate.lock() = Some(new_next.clone());
-                    return Err(SessionError::Retry(e));
-                }
-                // This record's outputs or state writes are what Kafka refuses: its writes are
-                // discarded and it goes to the dead-letter topic, or, when even that is
-                // refused, it is dropped with an event saying so.
-                let reason = format!("{e:#}");
-                let dead = self.dead_letter_output(one[0], &reason, "error", &dlq);
-                let offsets = batch_offsets(&new_next, self.slots.start);
-                let dead_batch = Batch {
-                    writes: Vec::new(),
-                    outputs: vec![dead],
-                    offsets: offsets.clone(),
-                };
-                outputs = 1;
-                if let Err(e2) = io.commit(&self.db, dead_batch) {
-                    if !refused_for_good(&e2) {
-                        return Err(SessionError::Retry(e2));
-                    }
-                    outputs = 0;
-                    self.events.push(
-                        "error",
-                        None,
-                        format!(
-                            "record dropped: Kafka refused it ({reason}) and its dead letter \
-                             ({e2:#})"
-                        ),
-                        &self.id,
-                        None,
-                    );
-                    io.commit(
-                        &self.db,
-                        Batch {
-                            writes: Vec::new(),
-                            outputs: Vec::new(),
-                            offsets,
-                        },
-                    )
-                    .map_err(SessionError::Retry)?;
-                }
-            }
-            add_elapsed(&time.commit_us, commit_started);
+            add_elapsed(&time.process_us, started);
+            pending.add(count, started, unreplayable, &groups);
             next = new_next;
-            self.status.batch_latency.observe(started.elapsed());
-            self.status
-                .records_out
-                .fetch_add(outputs as u64, Ordering::Relaxed);
-            self.status.records.fetch_add(count, Ordering::Relaxed);
-            self.status.batches.fetch_add(1, Ordering::Relaxed);
-            self.update_progress(io.as_mut(), &next);
-            tracing::debug!(
-                records = count,
-                outputs,
-                us = started.elapsed().as_micros() as u64,
-                "batch committed"
-            );
+            // One record per commit while isolating the record Kafka refuses.
+            if interval.is_zero() || on_probation || isolating {
+                self.commit_pending(io.as_mut(), &mut inst, &mut pending, &next, &dlq)?;
+                committed.clone_from(&next);
+                self.update_progress(io.as_mut(), &committed);
+            }
         }
+        Ok(())
+    }
+
+    /// True while the records up to the offsets where Kafka refused a record for good go one
+    /// per commit.
+    fn isolating(&self, next: &[Vec<u64>]) -> bool {
+        let mut isolate = self.isolate.lock();
+        match &*isolate {
+            Some(until)
+                if next
+                    .iter()
+                    .zip(until)
+                    .any(|(n, u)| n.iter().zip(u).any(|(a, b)| a < b)) =>
+            {
+                true
+            }
+            Some(_) => {
+                *isolate = None;
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Commits the pending batches: their state writes (in key order), outputs and dead
+    /// letters, and every owned slot's offset up to `next`. When Kafka refuses a record for
+    /// good, the next session goes through the pending records one per commit to find it; when
+    /// the one pending record is what Kafka refuses, it is dead-lettered instead.
+    fn commit_pending(
+        &self,
+        io: &mut dyn PartitionIo,
+        inst: &mut Instance,
+        pending: &mut Pending,
+        next: &[Vec<u64>],
+        dlq: &str,
+    ) -> Result<(), SessionError> {
+        let time = &self.status.time;
+        let commit_started = Instant::now();
+        // Every owned slot's offset, idle or not: the broker expires a group's offset
+        // `offsets.retention.minutes` after its last commit.
+        let offsets = batch_offsets(next, self.slots.start);
+        let ctx = inst.ctx();
+        let mut writes = ctx.overlay.take();
+        // In key order: RocksDB's memtable reuses its skiplist splice from one insert to the
+        // next.
+        writes.sort_unstable_by(|a, b| (a.store, &a.key).cmp(&(b.store, &b.key)));
+        let mut batch = Batch {
+            writes,
+            outputs: std::mem::take(&mut ctx.outputs),
+            offsets,
+        };
+        batch.outputs.append(&mut pending.unreplayable);
+        let mut outputs = batch.outputs.len();
+        let result = io.commit(&self.db, &batch);
+        if result.is_ok() {
+            // In RocksDB now: the writes stay as the hot-key cache.
+            inst.ctx().overlay.settle(batch.writes);
+        }
+        if let Err(e) = result {
+            // Nothing of the pending batches is in RocksDB: the next session resumes before
+            // them.
+            if !refused_for_good(&e) {
+                return Err(SessionError::Retry(e));
+            }
+            let Some(one) = pending.single.take() else {
+                // Kafka refused a record of these batches for good: the next session goes
+                // through their records one per commit to find it.
+                tracing::warn!("{e:#}; processing the pending records one per commit");
+                *self.isolate.lock() = Some(next.to_vec());
+                return Err(SessionError::Retry(e));
+            };
+            // This record's outputs or state writes are what Kafka refuses: its writes are
+            // discarded and it goes to the dead-letter topic, or, when even that is
+            // refused, it is dropped with an event saying so.
+            let reason = format!("{e:#}");
+            let dead = self.dead_letter_output(&one, &reason, "error", dlq);
+            let offsets = batch_offsets(next, self.slots.start);
+            let dead_batch = Batch {
+                writes: Vec::new(),
+                outputs: vec![dead],
+                offsets: offsets.clone(),
+            };
+            outputs = 1;
+            if let Err(e2) = io.commit(&self.db, &dead_batch) {
+                if !refused_for_good(&e2) {
+                    return Err(SessionError::Retry(e2));
+                }
+                outputs = 0;
+                self.events.push(
+                    "error",
+                    None,
+                    format!(
+                        "record dropped: Kafka refused it ({reason}) and its dead letter \
+                         ({e2:#})"
+                    ),
+                    &self.id,
+                    None,
+                );
+                io.commit(
+                    &self.db,
+                    &Batch {
+                        writes: Vec::new(),
+                        outputs: Vec::new(),
+                        offsets,
+                    },
+                )
+                .map_err(SessionError::Retry)?;
+            }
+        }
+        add_elapsed(&time.commit_us, commit_started);
+        if let Some(first) = pending.first_fetched {
+            self.status.batch_latency.observe(first.elapsed());
+        }
+        self.status
+            .records_out
+            .fetch_add(outputs as u64, Ordering::Relaxed);
+        self.status
+            .records
+            .fetch_add(pending.records, Ordering::Relaxed);
+        self.status.batches.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            records = pending.records,
+            batches = pending.batches,
+            outputs,
+            cached = inst.ctx().overlay.cached_bytes(),
+            us = commit_started.elapsed().as_micros() as u64,
+            "committed"
+        );
+        *pending = Pending::default();
         Ok(())
     }
 
@@ -922,6 +1014,44 @@ struct Running {
     previous: Option<Target>,
     rejected: u64,
     probation: u32,
+}
+
+/// Batches processed since the last commit.
+#[derive(Default)]
+struct Pending {
+    /// Batches and records pending.
+    batches: u64,
+    records: u64,
+    /// When the first of them was fetched (the commit's latency is measured from it).
+    first_fetched: Option<Instant>,
+    /// When the first of them was processed: they commit `commit_interval_ms` after it.
+    since: Option<Instant>,
+    /// Dead letters that go back to the dead-letter topic rather than being replayed.
+    unreplayable: Vec<Output>,
+    /// The record pending, when exactly one is: when Kafka refuses it for good, it is
+    /// dead-lettered.
+    single: Option<Message>,
+}
+
+impl Pending {
+    fn add(
+        &mut self,
+        records: u64,
+        fetched: Instant,
+        mut unreplayable: Vec<Output>,
+        groups: &[(u32, Vec<Message>)],
+    ) {
+        self.single = if self.records == 0 && records == 1 {
+            groups.iter().flat_map(|(_, m)| m).next().cloned()
+        } else {
+            None
+        };
+        self.batches += 1;
+        self.records += records;
+        self.first_fetched.get_or_insert(fetched);
+        self.since.get_or_insert_with(Instant::now);
+        self.unreplayable.append(&mut unreplayable);
+    }
 }
 
 /// Why no instance could be made.

@@ -28,6 +28,8 @@ pub struct Settings {
     pub swap: SwapPolicy,
     /// WASI grants.
     pub wasi: WasiGrants,
+    /// How long processed records may wait for their commit.
+    pub commit_interval_ms: u64,
 }
 
 impl Settings {
@@ -39,6 +41,7 @@ impl Settings {
             limits: spec.limits.clone(),
             swap: spec.swap.clone(),
             wasi: spec.wasi.clone(),
+            commit_interval_ms: spec.commit_interval_ms,
         })
     }
 }

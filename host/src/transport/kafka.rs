@@ -914,19 +914,14 @@ impl InputConsumer {
         self.consumer.assign(&tpl).map_err(|e| kerr("assign", e))
     }
 
-    /// Waits up to `wait` for a record, then takes records for up to `linger` more, up to
-    /// `max`, grouped by topic partition.
-    pub fn fetch(&self, max: usize, wait: Duration, linger: Duration) -> Vec<Fetched> {
+    /// Up to `max` records, grouped by topic partition: those already fetched, at once; when
+    /// there are none, waits up to `wait` for the first. No deadline is computed per record:
+    /// after the first, the queue is polled without waiting.
+    pub fn fetch(&self, max: usize, wait: Duration) -> Vec<Fetched> {
         let mut groups: Vec<Fetched> = Vec::new();
         let mut n = 0;
         let mut timeout = wait;
-        let mut until: Option<Instant> = None;
         while n < max {
-            if let Some(u) = until {
-                // Once records flow, keep taking them for `linger`, so that a batch (and its
-                // transaction) carries many records.
-                timeout = u.saturating_duration_since(Instant::now());
-            }
             match self.consumer.poll(timeout) {
                 Some(Ok(m)) => {
                     let (topic, partition) = (m.topic(), m.partition() as u32);
@@ -934,8 +929,11 @@ impl InputConsumer {
                         offset: m.offset() as u64,
                         record: to_record(&m),
                     };
+                    // Records come in runs of one topic partition: the last group is the
+                    // likeliest.
                     match groups
                         .iter_mut()
+                        .rev()
                         .find(|g| g.partition == partition && g.topic == topic)
                     {
                         Some(g) => g.records.push(rec),
@@ -946,7 +944,7 @@ impl InputConsumer {
                         }),
                     }
                     n += 1;
-                    until.get_or_insert_with(|| Instant::now() + linger);
+                    timeout = Duration::ZERO;
                 }
                 Some(Err(e)) => {
                     tracing::warn!("input consumer: {e}");
