@@ -196,13 +196,14 @@ fn bare_consumer(topic: &str, n: usize) -> Result<f64> {
         .map(|i| {
             let topic = topic.to_string();
             std::thread::spawn(move || -> Result<usize> {
-                let consumer: BaseConsumer = client(&[
+                // Tuned as baton's consumers are: the same fetch settings, committed reads.
+                let mut settings = vec![
                     ("group.id", "baton.bench.bare"),
                     ("enable.auto.commit", "false"),
-                    ("queued.max.messages.kbytes", "8192"),
-                    ("fetch.wait.max.ms", "50"),
-                ])
-                .create()?;
+                    ("isolation.level", "read_committed"),
+                ];
+                settings.extend_from_slice(baton::transport::kafka::FETCH_SETTINGS);
+                let consumer: BaseConsumer = client(&settings).create()?;
                 let mut tpl = TopicPartitionList::new();
                 let mut ends = 0i64;
                 for p in i * per..(i + 1) * per {
