@@ -13,10 +13,12 @@ use baton::config::{FileConfig, parse_key_value, parse_size};
 use baton::transport::kafka::KafkaConfig;
 use baton::{Baton, HostConfig};
 
-/// mimalloc: the partition loop allocates and frees many small buffers per record (keys,
-/// values, messages) across threads, where glibc's allocator spent a fifth of the host's CPU.
+/// jemalloc, for Rust and (unprefixed) for RocksDB and librdkafka: the partition loop allocates
+/// and frees many small buffers per record (keys, values, messages) across threads, where
+/// glibc's allocator spent a fifth of the host's CPU. mimalloc was as fast, but its per-thread
+/// pages kept the 64-partition memory test's RSS over its bound.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[derive(Parser)]
 #[command(

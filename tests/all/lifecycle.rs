@@ -234,6 +234,10 @@ async fn a_pipeline_is_changed_in_place_by_patch() -> anyhow::Result<()> {
     for (bad, why) in [
         (json!({"config": {"mode": "error"}}), "init"),
         (json!({"limits": {"cpu_ms": 1}}), "cpu_ms"),
+        (
+            json!({"commit_interval_ms": 3_600_000}),
+            "commit_interval_ms",
+        ),
         (json!({"colour": "red"}), "colour"),
         (json!({}), "nothing to change"),
     ] {
@@ -242,12 +246,15 @@ async fn a_pipeline_is_changed_in_place_by_patch() -> anyhow::Result<()> {
         assert!(r.error().contains(why), "{bad}: {}", r.error());
     }
     // Without probation: a batch in which every record fails would otherwise take the change
-    // back, as after a swap.
+    // back, as after a swap. A commit interval of a minute: records commit anyway as soon as
+    // the input runs dry, well within the 30 s waited below.
     let r = patch(json!({
-        "config": {"value": "y"}, "limits": {"cpu_ms": 500}, "swap": {"probation_batches": 0}
+        "config": {"value": "y"}, "limits": {"cpu_ms": 500}, "swap": {"probation_batches": 0},
+        "commit_interval_ms": 60_000
     }))
     .await?;
     assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body["commit_interval_ms"], 60_000, "{}", r.body);
     assert_eq!(r.body["swap"]["probation_batches"], 0, "{}", r.body);
     assert_eq!(r.body["config"]["value"], "y", "{}", r.body);
     assert_eq!(r.body["limits"]["cpu_ms"], 500, "{}", r.body);
@@ -264,5 +271,6 @@ async fn a_pipeline_is_changed_in_place_by_patch() -> anyhow::Result<()> {
     let info = host.api.get("/api/v1/pipelines/f").await?.body;
     assert_eq!(info["config"]["value"], "y", "{info}");
     assert_eq!(info["limits"]["cpu_ms"], 500, "{info}");
+    assert_eq!(info["commit_interval_ms"], 60_000, "{info}");
     host.stop().await
 }

@@ -83,7 +83,7 @@ pub struct PipelineSpec {
     /// every other).
     #[serde(default)]
     pub partitioner: crate::transport::partitioner::Partitioner,
-    /// `commit_interval_ms = 20`: how long processed records may wait for their commit (one
+    /// `commit_interval_ms = 10`: how long processed records may wait for their commit (one
     /// Kafka transaction or flush, one RocksDB write). Shorter gives lower end-to-end latency,
     /// longer fewer commits; 0 commits after every fetched batch. Records also commit at once
     /// when the input runs dry.
@@ -128,7 +128,7 @@ fn default_partitions() -> u32 {
 }
 
 /// The default of `commit_interval_ms`.
-pub const DEFAULT_COMMIT_INTERVAL_MS: u64 = 20;
+pub const DEFAULT_COMMIT_INTERVAL_MS: u64 = 10;
 
 /// The longest `commit_interval_ms` (a minute).
 pub const MAX_COMMIT_INTERVAL_MS: u64 = 60_000;

@@ -23,6 +23,7 @@ async fn show(State(baton): State<AppState>) -> Json<Value> {
             "block_cache_usage": env.cache_usage(),
             "block_cache_pinned": env.cache_pinned(),
             "memtable_usage": env.memtable_usage(),
+            "hot_cache_usage": env.hot_usage(),
             "block_cache": env.cache_stats(),
         },
     }))
