@@ -192,9 +192,9 @@ pub struct HostCtx {
     db: Arc<PartitionDb>,
     /// Declared output topics and the size limits of writes.
     limits_w: Arc<WriteLimits>,
-    /// Writes of the current batch.
+    /// Writes not yet committed, and the hot-key cache.
     pub overlay: Overlay,
-    /// Outputs of the current batch; those past `call_start` belong to the current call.
+    /// Outputs not yet committed; those past `call_start` belong to the current call.
     pub outputs: Vec<Output>,
     call_start: usize,
     /// The record being processed.

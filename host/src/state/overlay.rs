@@ -139,23 +139,30 @@ impl Overlay {
             return;
         };
         let n = entry_bytes(&key, &value);
-        let key_len = key.len();
+        if let Some(old) = slot_of(&mut self.clean, store).remove(key.as_slice()) {
+            // The old entry's charge goes back before the new one is charged.
+            let back = entry_bytes(&key, &old).min(self.clean_bytes);
+            budget.release(back);
+            self.clean_bytes -= back;
+        }
         if !budget.try_charge(n) {
             // The host's budget is spent: this partition starts its cache over.
-            budget.release(self.clean_bytes);
-            self.clean_bytes = 0;
-            self.clean.iter_mut().for_each(Map::clear);
+            self.forget_cache();
             if !budget.try_charge(n) {
                 return;
             }
         }
-        if let Some(old) = slot_of(&mut self.clean, store).insert(key, value) {
-            // Charged again below, with the new value; the old entry's charge goes back.
-            let back = entry_bytes(&[], &old) + key_len;
-            budget.release(back.min(self.clean_bytes));
-            self.clean_bytes -= back.min(self.clean_bytes);
-        }
+        slot_of(&mut self.clean, store).insert(key, value);
         self.clean_bytes += n;
+    }
+
+    /// Empties the hot-key cache, its memory included, and gives its bytes back to the budget.
+    pub fn forget_cache(&mut self) {
+        if let Some(b) = &self.budget {
+            b.release(self.clean_bytes);
+        }
+        self.clean_bytes = 0;
+        self.clean = Vec::new();
     }
 
     /// Moves committed writes (now in RocksDB) into the hot-key cache.
@@ -292,6 +299,29 @@ mod hot_tests {
         assert!(budget.used() > 0);
         drop(o);
         assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn the_budget_holds_across_overwrites_and_a_full_budget_starts_the_cache_over() {
+        let entry = entry_bytes(b"k0", &Some(vec![0; 8]));
+        let budget = HotBudget::new(3 * entry);
+        let mut o = Overlay::with_budget(budget.clone());
+        for round in 0..5u8 {
+            o.remember(0, b"k0".to_vec(), Some(vec![round; 8]));
+        }
+        assert_eq!(budget.used(), entry, "an overwrite is charged once");
+        assert_eq!(o.get(0, b"k0"), Some(Some(&[4u8; 8][..])));
+        o.remember(0, b"k1".to_vec(), Some(vec![1; 8]));
+        o.remember(0, b"k2".to_vec(), Some(vec![2; 8]));
+        assert_eq!(budget.used(), 3 * entry);
+        // Over the budget: the cache starts over with the new entry alone.
+        o.remember(0, b"k3".to_vec(), Some(vec![3; 8]));
+        assert_eq!(budget.used(), entry);
+        assert_eq!(o.get(0, b"k0"), None);
+        assert_eq!(o.get(0, b"k3"), Some(Some(&[3u8; 8][..])));
+        o.forget_cache();
+        assert_eq!(budget.used(), 0);
+        assert_eq!(o.get(0, b"k3"), None);
     }
 }
 

@@ -82,13 +82,17 @@ pub struct ReplayProgress {
 /// How long a fetch waits for input when nothing is pending.
 const FETCH_WAIT: Duration = Duration::from_millis(100);
 
+/// With batches pending, how long a fetch waits for input before the input counts as run dry
+/// and they commit.
+const IDLE_COMMIT: Duration = Duration::from_millis(50);
+
 /// Opens a session's [`PartitionIo`].
 pub type IoFactory = Box<dyn Fn() -> anyhow::Result<Box<dyn PartitionIo>> + Send + Sync>;
 
 /// Tuning of the partition loop.
 #[derive(Debug, Clone)]
 pub struct TaskConfig {
-    /// Most records per batch (one commit).
+    /// Most records per fetched batch.
     pub max_batch: usize,
     /// Most records per guest call.
     pub max_call: usize,
@@ -145,9 +149,11 @@ pub struct PartitionStatus {
     pub progress: Mutex<Vec<SlotProgress>>,
     /// Records processed since start.
     pub records: AtomicU64,
-    /// Records sent to the dead-letter topic since start.
+    /// Records sent to the dead-letter topic since start (those of pending batches included).
     pub dead_letters: AtomicU64,
-    /// Batches committed since start.
+    /// `dead_letters` as of the last commit.
+    pub committed_dead_letters: AtomicU64,
+    /// Commits since start.
     pub batches: AtomicU64,
     /// The last processing error (dead-lettered or not), if any.
     pub last_error: Mutex<Option<String>>,
@@ -282,6 +288,7 @@ impl PartitionStatus {
             progress: Mutex::new(Vec::new()),
             records: AtomicU64::new(0),
             dead_letters: AtomicU64::new(0),
+            committed_dead_letters: AtomicU64::new(0),
             batches: AtomicU64::new(0),
             last_error: Mutex::new(None),
             restore: Mutex::new(None),
@@ -332,6 +339,12 @@ impl PartitionTask {
             }
             let batches_before = self.status.batches.load(Ordering::Relaxed);
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.session()));
+            // Dead letters of batches that did not commit are dead-lettered again, and counted
+            // again, by the next session.
+            self.status.dead_letters.store(
+                self.status.committed_dead_letters.load(Ordering::Relaxed),
+                Ordering::Relaxed,
+            );
             if self.status.batches.load(Ordering::Relaxed) > batches_before {
                 backoff = FIRST_BACKOFF;
             }
@@ -431,7 +444,7 @@ impl PartitionTask {
 
     /// At a batch boundary: switches to the target's new generation, if any. On failure the
     /// partition keeps (or goes back to) the version it ran and reports the rollback.
-    fn maybe_swap(&self, inst: Instance, run: &mut Running) -> Result<Instance, SessionError> {
+    fn maybe_swap(&self, mut inst: Instance, run: &mut Running) -> Result<Instance, SessionError> {
         let generation = self.target.generation();
         if generation == run.current.generation || generation == run.rejected {
             return Ok(inst);
@@ -455,7 +468,8 @@ impl PartitionTask {
             return Ok(inst);
         }
         let started = Instant::now();
-        // A batch boundary: nothing is pending in the old instance's context.
+        // A commit boundary: nothing is pending in the old instance's context.
+        debug_assert!(inst.ctx().overlay.is_empty());
         drop(inst);
         match self.try_instance(&target) {
             Ok(new) => {
@@ -557,6 +571,9 @@ impl PartitionTask {
         let status = self.status.clone();
         io.restore(&self.db, &move |p| *status.restore.lock() = Some(p))
             .map_err(SessionError::Retry)?;
+        // `init` ran before the restore and may have read (and cached) what the restore then
+        // overwrote.
+        inst.ctx().overlay.forget_cache();
         let replay_generation = self.replays.generation();
         let mut next = io
             .positions(&self.db, &self.replays.ranges())
@@ -596,8 +613,11 @@ impl PartitionTask {
             if stopping {
                 break;
             }
-            // A commit boundary: nothing is pending, so the module can change under the state.
-            inst = self.maybe_swap(inst, &mut run)?;
+            // Only at a commit boundary, where nothing is pending, can the module change under
+            // the state. A swap that lands after `swap_due` was read waits for the next commit.
+            if pending.batches == 0 {
+                inst = self.maybe_swap(inst, &mut run)?;
+            }
             if replay_changed {
                 return Err(SessionError::Restart);
             }
@@ -605,9 +625,10 @@ impl PartitionTask {
             // After Kafka refused a record for good, the records of that batch go one per
             // commit until they are past.
             let max_batch = if isolating { 1 } else { self.config.max_batch };
-            // With batches pending, wait for input no longer than until they are due.
+            // With batches pending, wait for input no longer than until they are due, nor
+            // than `IDLE_COMMIT`: an input that has nothing for that long has run dry.
             let wait = match pending.since {
-                Some(s) => interval.saturating_sub(s.elapsed()),
+                Some(s) => interval.saturating_sub(s.elapsed()).min(IDLE_COMMIT),
                 None => FETCH_WAIT,
             };
             let fetched = io
@@ -833,6 +854,10 @@ impl PartitionTask {
             .records
             .fetch_add(pending.records, Ordering::Relaxed);
         self.status.batches.fetch_add(1, Ordering::Relaxed);
+        self.status.committed_dead_letters.store(
+            self.status.dead_letters.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
         tracing::debug!(
             records = pending.records,
             batches = pending.batches,

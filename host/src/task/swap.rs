@@ -1,5 +1,5 @@
 //! Hot swap: the module version a pipeline's partitions should run, and what each partition
-//! reports back. The partition loop switches at a batch boundary (its overlay is empty there, so
+//! reports back. The partition loop switches at a commit boundary (nothing is pending there, so
 //! state is untouched), watches the new version through a probation of a few batches, and goes
 //! back to the version it ran before when `init` fails or too many records fail.
 
