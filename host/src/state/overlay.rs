@@ -92,6 +92,8 @@ pub struct Overlay {
     added: usize,
     /// The current call's number.
     call: u64,
+    /// Bytes written since the last `take` (an upper bound of what is pending).
+    written: usize,
     /// Committed values (`None`: absent from RocksDB); empty without a budget.
     clean: Vec<Map>,
     clean_bytes: usize,
@@ -175,6 +177,11 @@ impl Overlay {
         }
     }
 
+    /// Bytes written since the pending writes were last taken: at least what they hold.
+    pub fn written_bytes(&self) -> usize {
+        self.written
+    }
+
     /// Bytes the hot-key cache holds.
     pub fn cached_bytes(&self) -> usize {
         self.clean_bytes
@@ -182,6 +189,7 @@ impl Overlay {
 
     /// Records a write of the current call.
     pub fn put(&mut self, store: usize, key: Vec<u8>, value: Option<Vec<u8>>) {
+        self.written += key.len() + value.as_ref().map_or(0, Vec::len);
         let call = self.call;
         let m = slot_of(&mut self.pending, store);
         match m.get_mut(key.as_slice()) {
@@ -241,6 +249,7 @@ impl Overlay {
 
     /// Takes the pending writes (the current call's must have been kept or dropped).
     pub fn take(&mut self) -> Vec<WriteOp> {
+        self.written = 0;
         let mut out = Vec::with_capacity(self.pending.iter().map(PendingMap::len).sum());
         for (store, m) in self.pending.iter_mut().enumerate() {
             out.extend(
@@ -358,5 +367,21 @@ mod undo_tests {
             vec![(0, b"a".to_vec()), (0, b"c".to_vec()), (1, b"a".to_vec())]
         );
         assert!(o.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod written_tests {
+    use super::*;
+
+    #[test]
+    fn written_bytes_bound_the_pending_writes_until_they_are_taken() {
+        let mut o = Overlay::default();
+        o.put(0, b"key".to_vec(), Some(vec![0; 100]));
+        o.put(0, b"key".to_vec(), Some(vec![0; 10]));
+        o.keep_call();
+        assert_eq!(o.written_bytes(), 103 + 13);
+        o.take();
+        assert_eq!(o.written_bytes(), 0);
     }
 }

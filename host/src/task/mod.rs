@@ -82,6 +82,10 @@ pub struct ReplayProgress {
 /// How long a fetch waits for input when nothing is pending.
 const FETCH_WAIT: Duration = Duration::from_millis(100);
 
+/// Most bytes of state writes pending in a partition, whatever the commit interval: with many
+/// partitions and a long interval, the overlay would otherwise hold a great deal of memory.
+const MAX_PENDING_BYTES: usize = 8 << 20;
+
 /// With batches pending, how long a fetch waits for input before the input counts as run dry
 /// and they commit.
 const IDLE_COMMIT: Duration = Duration::from_millis(50);
@@ -604,7 +608,8 @@ impl PartitionTask {
                     || replay_changed
                     || isolating
                     || pending.since.is_some_and(|s| s.elapsed() >= interval)
-                    || pending.records >= self.config.max_pending)
+                    || pending.records >= self.config.max_pending
+                    || inst.ctx().overlay.written_bytes() >= MAX_PENDING_BYTES)
             {
                 self.commit_pending(io.as_mut(), &mut inst, &mut pending, &next, &dlq)?;
                 committed.clone_from(&next);
