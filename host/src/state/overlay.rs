@@ -289,11 +289,6 @@ mod tests {
         );
         assert!(o.is_empty());
     }
-}
-
-#[cfg(test)]
-mod hot_tests {
-    use super::*;
 
     #[test]
     fn settled_writes_are_hits() {
@@ -332,11 +327,6 @@ mod hot_tests {
         assert_eq!(budget.used(), 0);
         assert_eq!(o.get(0, b"k3"), None);
     }
-}
-
-#[cfg(test)]
-mod undo_tests {
-    use super::*;
 
     #[test]
     fn a_dropped_call_restores_every_value_it_replaced_and_removes_what_it_added() {
@@ -368,11 +358,6 @@ mod undo_tests {
         );
         assert!(o.is_empty());
     }
-}
-
-#[cfg(test)]
-mod written_tests {
-    use super::*;
 
     #[test]
     fn written_bytes_bound_the_pending_writes_until_they_are_taken() {

@@ -611,9 +611,14 @@ impl PartitionTask {
                     || pending.records >= self.config.max_pending
                     || inst.ctx().overlay.written_bytes() >= MAX_PENDING_BYTES)
             {
-                self.commit_pending(io.as_mut(), &mut inst, &mut pending, &next, &dlq)?;
-                committed.clone_from(&next);
-                self.update_progress(io.as_mut(), &committed);
+                self.commit_pending(
+                    io.as_mut(),
+                    &mut inst,
+                    &mut pending,
+                    &next,
+                    &mut committed,
+                    &dlq,
+                )?;
             }
             if stopping {
                 break;
@@ -644,10 +649,17 @@ impl PartitionTask {
                 if pending.batches > 0 {
                     // The input is idle: what is pending commits now rather than at the
                     // interval's end.
-                    self.commit_pending(io.as_mut(), &mut inst, &mut pending, &next, &dlq)?;
-                    committed.clone_from(&next);
+                    self.commit_pending(
+                        io.as_mut(),
+                        &mut inst,
+                        &mut pending,
+                        &next,
+                        &mut committed,
+                        &dlq,
+                    )?;
+                } else {
+                    self.update_progress(io.as_mut(), &committed);
                 }
-                self.update_progress(io.as_mut(), &committed);
                 continue;
             }
             let batch_span = tracing::debug_span!("batch");
@@ -734,9 +746,14 @@ impl PartitionTask {
             next = new_next;
             // One record per commit while isolating the record Kafka refuses.
             if interval.is_zero() || on_probation || isolating {
-                self.commit_pending(io.as_mut(), &mut inst, &mut pending, &next, &dlq)?;
-                committed.clone_from(&next);
-                self.update_progress(io.as_mut(), &committed);
+                self.commit_pending(
+                    io.as_mut(),
+                    &mut inst,
+                    &mut pending,
+                    &next,
+                    &mut committed,
+                    &dlq,
+                )?;
             }
         }
         Ok(())
@@ -766,13 +783,15 @@ impl PartitionTask {
     /// Commits the pending batches: their state writes (in key order), outputs and dead
     /// letters, and every owned slot's offset up to `next`. When Kafka refuses a record for
     /// good, the next session goes through the pending records one per commit to find it; when
-    /// the one pending record is what Kafka refuses, it is dead-lettered instead.
+    /// the one pending record is what Kafka refuses, it is dead-lettered instead. Once
+    /// committed, `committed` is `next` and the progress shows it.
     fn commit_pending(
         &self,
         io: &mut dyn PartitionIo,
         inst: &mut Instance,
         pending: &mut Pending,
         next: &[Vec<u64>],
+        committed: &mut Vec<Vec<u64>>,
         dlq: &str,
     ) -> Result<(), SessionError> {
         let time = &self.status.time;
@@ -792,12 +811,7 @@ impl PartitionTask {
         };
         batch.outputs.append(&mut pending.unreplayable);
         let mut outputs = batch.outputs.len();
-        let result = io.commit(&self.db, &batch);
-        if result.is_ok() {
-            // In RocksDB now: the writes stay as the hot-key cache.
-            inst.ctx().overlay.settle(batch.writes);
-        }
-        if let Err(e) = result {
+        if let Err(e) = io.commit(&self.db, &batch) {
             // Nothing of the pending batches is in RocksDB: the next session resumes before
             // them.
             if !refused_for_good(&e) {
@@ -815,7 +829,7 @@ impl PartitionTask {
             // refused, it is dropped with an event saying so.
             let reason = format!("{e:#}");
             let dead = self.dead_letter_output(&one, &reason, "error", dlq);
-            let offsets = batch_offsets(next, self.slots.start);
+            let offsets = batch.offsets;
             let dead_batch = Batch {
                 writes: Vec::new(),
                 outputs: vec![dead],
@@ -847,6 +861,9 @@ impl PartitionTask {
                 )
                 .map_err(SessionError::Retry)?;
             }
+        } else {
+            // In RocksDB now: the writes stay as the hot-key cache.
+            inst.ctx().overlay.settle(batch.writes);
         }
         add_elapsed(&time.commit_us, commit_started);
         if let Some(first) = pending.first_fetched {
@@ -872,6 +889,9 @@ impl PartitionTask {
             "committed"
         );
         *pending = Pending::default();
+        committed.clear();
+        committed.extend_from_slice(next);
+        self.update_progress(io, committed);
         Ok(())
     }
 
