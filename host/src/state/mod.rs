@@ -14,7 +14,7 @@
 
 mod overlay;
 
-pub use overlay::{HotBudget, Overlay, WriteOp};
+pub use overlay::{HotBudget, Overlay, WriteOp, WriteRef, Writes};
 
 use std::sync::Arc;
 
@@ -381,7 +381,7 @@ impl PartitionDb {
     /// WAL but not synced: on Kafka the changelog is the durability.
     pub fn commit<'a>(
         &self,
-        writes: impl IntoIterator<Item = &'a WriteOp>,
+        writes: impl IntoIterator<Item = WriteRef<'a>>,
         meta: &[(String, Option<Vec<u8>>)],
     ) -> Result<()> {
         self.commit_with(writes, meta, false)
@@ -391,16 +391,16 @@ impl PartitionDb {
     /// commit survives a power loss (the embedded log, where RocksDB is the durability).
     pub fn commit_with<'a>(
         &self,
-        writes: impl IntoIterator<Item = &'a WriteOp>,
+        writes: impl IntoIterator<Item = WriteRef<'a>>,
         meta: &[(String, Option<Vec<u8>>)],
         sync: bool,
     ) -> Result<()> {
         let mut wb = WriteBatch::default();
         for op in writes {
             let cf = self.cf(op.store)?;
-            match &op.value {
-                Some(v) => wb.put_cf(cf, &op.key, v),
-                None => wb.delete_cf(cf, &op.key),
+            match op.value {
+                Some(v) => wb.put_cf(cf, op.key, v),
+                None => wb.delete_cf(cf, op.key),
             }
         }
         let m = self.meta()?;
@@ -461,11 +461,12 @@ mod tests {
         {
             let db = env.open_partition(dir.path(), &stores).unwrap();
             db.commit(
-                &[WriteOp {
+                [WriteOp {
                     store: 0,
                     key: slot_key(3, b"a"),
                     value: Some(b"1".to_vec()),
-                }],
+                }
+                .as_ref()],
                 &[("in/t/3".into(), Some(5u64.to_be_bytes().to_vec()))],
             )
             .unwrap();
@@ -479,11 +480,12 @@ mod tests {
             .unwrap();
         assert_eq!(all.len(), 1);
         db.commit(
-            &[WriteOp {
+            [WriteOp {
                 store: 0,
                 key: slot_key(4, b"b"),
                 value: Some(b"2".to_vec()),
-            }],
+            }
+            .as_ref()],
             &[],
         )
         .unwrap();

@@ -2,6 +2,9 @@
 //! (read-your-writes); a failed guest call drops its own writes without touching those of
 //! earlier calls; the pending writes reach RocksDB only at commit.
 //!
+//! Writes taken for a commit stay visible, frozen, until the commit is settled: processing goes
+//! on over them while they commit.
+//!
 //! Behind the pending writes, a hot-key cache keeps committed values (and keys known to be
 //! absent) across commits, so that hot keys are not looked up in RocksDB's memtables again and
 //! again. It only ever holds what RocksDB holds: a committed batch's writes enter it after the
@@ -69,6 +72,78 @@ pub struct WriteOp {
     pub value: Option<Vec<u8>>,
 }
 
+impl WriteOp {
+    /// The write, borrowed.
+    pub fn as_ref(&self) -> WriteRef<'_> {
+        WriteRef {
+            store: self.store,
+            key: &self.key,
+            value: self.value.as_deref(),
+        }
+    }
+}
+
+/// One write, borrowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteRef<'a> {
+    /// Store id (index into the partition's store list).
+    pub store: usize,
+    /// Slot-prefixed key.
+    pub key: &'a [u8],
+    /// `None` deletes.
+    pub value: Option<&'a [u8]>,
+}
+
+/// The writes of one commit, the last value per key, frozen while they commit: shared between
+/// the overlay (reads see them) and the commit (which sends and stores them).
+#[derive(Default)]
+pub struct Writes {
+    maps: Vec<PendingMap>,
+}
+
+impl Writes {
+    /// No writes.
+    pub fn none() -> Arc<Writes> {
+        Arc::new(Writes::default())
+    }
+
+    /// How many keys are written.
+    pub fn len(&self) -> usize {
+        self.maps.iter().map(PendingMap::len).sum()
+    }
+
+    /// True when nothing is written.
+    pub fn is_empty(&self) -> bool {
+        self.maps.iter().all(PendingMap::is_empty)
+    }
+
+    fn get(&self, store: usize, key: &[u8]) -> Option<Option<&[u8]>> {
+        self.maps
+            .get(store)
+            .and_then(|m| m.get(key))
+            .map(|(v, _)| v.as_deref())
+    }
+
+    /// Every write, in any order.
+    pub fn iter(&self) -> impl Iterator<Item = WriteRef<'_>> {
+        self.maps.iter().enumerate().flat_map(|(store, m)| {
+            m.iter().map(move |(key, (value, _))| WriteRef {
+                store,
+                key,
+                value: value.as_deref(),
+            })
+        })
+    }
+
+    /// Every write, in (store, key) order: RocksDB's memtable reuses its skiplist splice from
+    /// one insert to the next.
+    pub fn sorted(&self) -> Vec<WriteRef<'_>> {
+        let mut v: Vec<WriteRef<'_>> = self.iter().collect();
+        v.sort_unstable_by(|a, b| (a.store, a.key).cmp(&(b.store, b.key)));
+        v
+    }
+}
+
 /// foldhash: fast, and seeded per process so that keys from input records cannot be chosen to
 /// collide.
 type Map = HashMap<Vec<u8>, Option<Vec<u8>>, foldhash::fast::RandomState>;
@@ -94,6 +169,8 @@ pub struct Overlay {
     call: u64,
     /// Bytes written since the last `take` (an upper bound of what is pending).
     written: usize,
+    /// Writes taken for a commit that is not settled yet.
+    committing: Option<Arc<Writes>>,
     /// Committed values (`None`: absent from RocksDB); empty without a budget.
     clean: Vec<Map>,
     clean_bytes: usize,
@@ -128,6 +205,9 @@ impl Overlay {
     pub fn get(&self, store: usize, key: &[u8]) -> Option<Option<&[u8]>> {
         if let Some((v, _)) = self.pending.get(store).and_then(|m| m.get(key)) {
             return Some(v.as_deref());
+        }
+        if let Some(v) = self.committing.as_ref().and_then(|w| w.get(store, key)) {
+            return Some(v);
         }
         self.clean
             .get(store)
@@ -167,14 +247,33 @@ impl Overlay {
         self.clean = Vec::new();
     }
 
-    /// Moves committed writes (now in RocksDB) into the hot-key cache.
-    pub fn settle(&mut self, writes: Vec<WriteOp>) {
+    /// The commit of the writes last taken succeeded (they are in RocksDB): they move into the
+    /// hot-key cache.
+    pub fn settle(&mut self) {
+        let Some(committing) = self.committing.take() else {
+            return;
+        };
         if self.budget.is_none() {
             return;
         }
-        for w in writes {
-            self.remember(w.store, w.key, w.value);
+        // The commit has let go of them by now; if not, RocksDB serves them instead.
+        if let Ok(w) = Arc::try_unwrap(committing) {
+            for (store, m) in w.maps.into_iter().enumerate() {
+                for (key, (value, _)) in m {
+                    self.remember(store, key, value);
+                }
+            }
         }
+    }
+
+    /// The commit of the writes last taken failed: reads no longer see them.
+    pub fn discard_committing(&mut self) {
+        self.committing = None;
+    }
+
+    /// True while writes taken for a commit are not settled.
+    pub fn is_committing(&self) -> bool {
+        self.committing.is_some()
     }
 
     /// Bytes written since the pending writes were last taken: at least what they hold.
@@ -228,18 +327,27 @@ impl Overlay {
         self.call += 1;
     }
 
-    /// Pending entries of `store` with `start <= key < end`, for merging into a scan.
+    /// Pending and committing entries of `store` with `start <= key < end`, for merging into a
+    /// scan.
     pub fn range(&self, store: usize, start: &[u8], end: &[u8]) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
-        let mut v: Vec<_> = self
-            .pending
-            .get(store)
-            .into_iter()
+        let within = |k: &[u8]| k >= start && k < end;
+        let mut found: std::collections::BTreeMap<&[u8], Option<&[u8]>> = self
+            .committing
+            .iter()
+            .flat_map(|w| w.maps.get(store))
             .flatten()
-            .filter(|(k, _)| k.as_slice() >= start && k.as_slice() < end)
-            .map(|(k, (v, _))| (k.clone(), v.clone()))
+            .filter(|(k, _)| within(k))
+            .map(|(k, (v, _))| (k.as_slice(), v.as_deref()))
             .collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v
+        for (k, (v, _)) in self.pending.get(store).into_iter().flatten() {
+            if within(k) {
+                found.insert(k, v.as_deref());
+            }
+        }
+        found
+            .into_iter()
+            .map(|(k, v)| (k.to_vec(), v.map(<[u8]>::to_vec)))
+            .collect()
     }
 
     /// True when nothing is pending.
@@ -247,17 +355,16 @@ impl Overlay {
         self.pending.iter().all(PendingMap::is_empty)
     }
 
-    /// Takes the pending writes (the current call's must have been kept or dropped).
-    pub fn take(&mut self) -> Vec<WriteOp> {
+    /// Takes the pending writes for a commit (the current call's must have been kept or
+    /// dropped, and the last commit settled). Reads still see them until [`Overlay::settle`];
+    /// a failed commit ends the session, and the overlay with it.
+    pub fn take(&mut self) -> Arc<Writes> {
+        debug_assert!(self.committing.is_none());
         self.written = 0;
-        let mut out = Vec::with_capacity(self.pending.iter().map(PendingMap::len).sum());
-        for (store, m) in self.pending.iter_mut().enumerate() {
-            out.extend(
-                m.drain()
-                    .map(|(key, (value, _))| WriteOp { store, key, value }),
-            );
-        }
-        out
+        let maps = std::mem::take(&mut self.pending);
+        let w = Arc::new(Writes { maps });
+        self.committing = Some(w.clone());
+        w
     }
 }
 
@@ -280,11 +387,11 @@ mod tests {
         assert_eq!(o.range(0, b"", b"z").len(), 1);
         let ops = o.take();
         assert_eq!(
-            ops,
-            vec![WriteOp {
+            ops.sorted(),
+            vec![WriteRef {
                 store: 0,
-                key: b"a".to_vec(),
-                value: Some(b"1".to_vec())
+                key: b"a",
+                value: Some(b"1")
             }]
         );
         assert!(o.is_empty());
@@ -297,8 +404,15 @@ mod tests {
         o.put(0, b"k".to_vec(), Some(b"1".to_vec()));
         o.keep_call();
         let w = o.take();
-        assert_eq!(o.get(0, b"k"), None);
-        o.settle(w);
+        assert_eq!(
+            o.get(0, b"k"),
+            Some(Some(&b"1"[..])),
+            "committing writes are seen"
+        );
+        assert_eq!(budget.used(), 0);
+        drop(w);
+        o.settle();
+        assert!(!o.is_committing());
         assert_eq!(o.get(0, b"k"), Some(Some(&b"1"[..])));
         assert!(budget.used() > 0);
         drop(o);
@@ -349,9 +463,12 @@ mod tests {
         // The next call's writes are kept.
         o.put(0, b"c".to_vec(), Some(b"9".to_vec()));
         o.keep_call();
-        let mut w = o.take();
-        w.sort_by(|a, b| (a.store, &a.key).cmp(&(b.store, &b.key)));
-        let keys: Vec<_> = w.iter().map(|w| (w.store, w.key.clone())).collect();
+        let w = o.take();
+        let keys: Vec<_> = w
+            .sorted()
+            .iter()
+            .map(|w| (w.store, w.key.to_vec()))
+            .collect();
         assert_eq!(
             keys,
             vec![(0, b"a".to_vec()), (0, b"c".to_vec()), (1, b"a".to_vec())]
@@ -368,5 +485,42 @@ mod tests {
         assert_eq!(o.written_bytes(), 103 + 13);
         o.take();
         assert_eq!(o.written_bytes(), 0);
+    }
+
+    #[test]
+    fn processing_goes_on_over_writes_being_committed() {
+        let budget = HotBudget::new(1 << 20);
+        let mut o = Overlay::with_budget(budget.clone());
+        o.put(0, b"a".to_vec(), Some(b"1".to_vec()));
+        o.put(0, b"b".to_vec(), Some(b"1".to_vec()));
+        o.keep_call();
+        let first = o.take();
+        assert!(o.is_empty() && o.is_committing());
+        // The next batch reads the committing values and overwrites one of them; a failed
+        // call on top of them leaves them as they were.
+        assert_eq!(o.get(0, b"a"), Some(Some(&b"1"[..])));
+        o.put(0, b"a".to_vec(), Some(b"2".to_vec()));
+        o.put(0, b"c".to_vec(), None);
+        o.keep_call();
+        o.put(0, b"b".to_vec(), Some(b"9".to_vec()));
+        o.drop_call();
+        assert_eq!(o.get(0, b"a"), Some(Some(&b"2"[..])));
+        assert_eq!(o.get(0, b"b"), Some(Some(&b"1"[..])));
+        assert_eq!(
+            o.range(0, b"a", b"z"),
+            vec![
+                (b"a".to_vec(), Some(b"2".to_vec())),
+                (b"b".to_vec(), Some(b"1".to_vec())),
+                (b"c".to_vec(), None)
+            ]
+        );
+        assert_eq!(first.len(), 2, "the commit holds only what was taken");
+        // Settled: the first commit's values are the cache, the pending write still wins.
+        drop(first);
+        o.settle();
+        assert_eq!(o.get(0, b"a"), Some(Some(&b"2"[..])));
+        assert_eq!(o.get(0, b"b"), Some(Some(&b"1"[..])));
+        let second = o.take();
+        assert_eq!(second.len(), 2);
     }
 }

@@ -20,14 +20,14 @@ use serde::Serialize;
 use super::input_offset_key;
 use crate::cluster::PipelineRecord;
 use crate::runtime::Output;
-use crate::state::{PartitionDb, WriteOp};
+use crate::state::{PartitionDb, Writes};
 use crate::transport::embedded::{Appended, EmbeddedLog, decode_record, encode_record};
 use crate::transport::{LogRecord, Record};
 
 /// What one batch commits.
 pub struct Batch {
     /// State writes, coalesced: the last value per key.
-    pub writes: Vec<WriteOp>,
+    pub writes: Arc<Writes>,
     /// Output records and dead letters.
     pub outputs: Vec<Output>,
     /// Per input (index into the pipeline's inputs) and slot: the next offset to read.
@@ -113,8 +113,21 @@ pub trait PartitionIo: Send {
         max: usize,
         wait: Duration,
     ) -> anyhow::Result<Vec<(usize, u32, Vec<LogRecord>)>>;
-    /// Commits a batch atomically; on error nothing of it is in RocksDB.
-    fn commit(&mut self, db: &PartitionDb, batch: &Batch) -> anyhow::Result<()>;
+    /// Starts committing a batch atomically: its outputs, state writes and offsets. One commit
+    /// is in flight at a time; [`PartitionIo::commit_finish`] ends it. Processing may go on
+    /// meanwhile, but nothing of the batch is in RocksDB before it committed.
+    fn commit_start(&mut self, db: &Arc<PartitionDb>, batch: Arc<Batch>) -> anyhow::Result<()>;
+    /// True when the commit in flight has ended (well or not), or when none is.
+    fn commit_ready(&mut self) -> bool {
+        true
+    }
+    /// Waits for the commit in flight to end; on error nothing of it is in RocksDB.
+    fn commit_finish(&mut self) -> anyhow::Result<()>;
+    /// Commits a batch and waits for it.
+    fn commit(&mut self, db: &Arc<PartitionDb>, batch: Arc<Batch>) -> anyhow::Result<()> {
+        self.commit_start(db, batch)?;
+        self.commit_finish()
+    }
     /// The end of an input slot for lag: `next` when everything committed there is consumed.
     fn end_offset(&mut self, input: usize, slot: u32, next: u64) -> Option<u64>;
     /// True when the replay of `slot`'s dead letters has nothing left below its end, `next`
@@ -148,6 +161,8 @@ pub struct EmbeddedIo {
     seq: u64,
     rotate: usize,
     sources: Sources,
+    /// The result of the last commit, until it is collected.
+    finished: Option<anyhow::Result<()>>,
 }
 
 impl EmbeddedIo {
@@ -175,6 +190,7 @@ impl EmbeddedIo {
             producer,
             seq: 0,
             rotate: 0,
+            finished: None,
         }
     }
 
@@ -202,6 +218,29 @@ impl EmbeddedIo {
             }
         }
         Ok(())
+    }
+}
+
+impl EmbeddedIo {
+    /// Commits a batch: RocksDB (synced) then the outputs.
+    fn commit_now(&mut self, db: &PartitionDb, batch: &Batch) -> anyhow::Result<()> {
+        let seq = self.seq + 1;
+        let mut meta = Vec::with_capacity(batch.offsets.len() + 2);
+        for (ti, slot, next) in &batch.offsets {
+            meta.push((
+                input_offset_key(&self.sources.topics[*ti], *slot),
+                Some(next.to_be_bytes().to_vec()),
+            ));
+        }
+        meta.push((SEQ_KEY.to_string(), Some(seq.to_be_bytes().to_vec())));
+        meta.push((
+            OUTBOX_KEY.to_string(),
+            (!batch.outputs.is_empty()).then(|| encode_outbox(&batch.outputs)),
+        ));
+        // Synced: after a power loss the state, offsets and outbox are those of a committed batch.
+        db.commit_with(batch.writes.sorted(), &meta, true)?;
+        self.seq = seq;
+        self.publish(&batch.outputs, seq)
     }
 }
 
@@ -317,24 +356,14 @@ impl PartitionIo for EmbeddedIo {
         Ok(fetched)
     }
 
-    fn commit(&mut self, db: &PartitionDb, batch: &Batch) -> anyhow::Result<()> {
-        let seq = self.seq + 1;
-        let mut meta = Vec::with_capacity(batch.offsets.len() + 2);
-        for (ti, slot, next) in &batch.offsets {
-            meta.push((
-                input_offset_key(&self.sources.topics[*ti], *slot),
-                Some(next.to_be_bytes().to_vec()),
-            ));
-        }
-        meta.push((SEQ_KEY.to_string(), Some(seq.to_be_bytes().to_vec())));
-        meta.push((
-            OUTBOX_KEY.to_string(),
-            (!batch.outputs.is_empty()).then(|| encode_outbox(&batch.outputs)),
-        ));
-        // Synced: after a power loss the state, offsets and outbox are those of a committed batch.
-        db.commit_with(&batch.writes, &meta, true)?;
-        self.seq = seq;
-        self.publish(&batch.outputs, seq)
+    fn commit_start(&mut self, db: &Arc<PartitionDb>, batch: Arc<Batch>) -> anyhow::Result<()> {
+        // RocksDB is the embedded log's durability: the commit is done at once.
+        self.finished = Some(self.commit_now(db, &batch));
+        Ok(())
+    }
+
+    fn commit_finish(&mut self) -> anyhow::Result<()> {
+        self.finished.take().unwrap_or(Ok(()))
     }
 
     fn replay_done(&mut self, slot: u32, next: u64) -> bool {

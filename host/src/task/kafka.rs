@@ -5,10 +5,16 @@
 //! input offsets via `send_offsets_to_transaction` → commit → RocksDB `WriteBatch` with the
 //! state writes, the input offsets and the changelog offsets. At-least-once: the same records
 //! without a transaction, flushed, then RocksDB, then the offsets committed to the group.
+//!
+//! A commit runs on a thread of the session's own, the committer, which owns the producer: the
+//! partition thread goes on processing the next batches (over the overlay, which still shows
+//! the committing writes) while the flush and the transaction's round trips are in flight.
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::io::{
@@ -18,8 +24,8 @@ use super::io::{
 use super::{changelog_offset_key, input_offset_key};
 use crate::cluster::{Guarantee, PipelineRecord};
 use crate::state::{PartitionDb, WriteOp, slot_key};
-use crate::transport::kafka::{BatchProducer, InputConsumer, KafkaTransport};
-use crate::transport::{LogRecord, Record};
+use crate::transport::LogRecord;
+use crate::transport::kafka::{BatchProducer, GroupMetadata, InputConsumer, KafkaTransport};
 
 /// How often end offsets (for lag) are asked of the broker.
 const END_OFFSET_TTL: Duration = Duration::from_millis(500);
@@ -55,7 +61,10 @@ pub struct KafkaIo {
     pipeline: Arc<PipelineRecord>,
     slots: Range<u32>,
     consumer: InputConsumer,
-    producer: BatchProducer,
+    committer: Committer,
+    /// Under at-least-once, the offsets of the commit in flight, committed to the group once
+    /// it is done.
+    group_offsets: Option<Vec<(String, u32, u64)>>,
     changelogs: Vec<String>,
     ends: HashMap<(usize, u32), (u64, Instant)>,
     /// The topics read: inputs, and the dead-letter topic during a replay.
@@ -92,6 +101,16 @@ impl KafkaIo {
             transport.check_compacted(c)?;
         }
         check_inputs(&transport, &pipeline)?;
+        let group = consumer.group_metadata()?;
+        let committer = Committer::start(
+            id,
+            CommitterState {
+                producer,
+                group,
+                changelogs: changelogs.clone(),
+                stores: pipeline.spec.stores.clone(),
+            },
+        )?;
         let sources = Sources {
             topics: pipeline.spec.inputs.clone(),
             replay_ends: Vec::new(),
@@ -102,31 +121,14 @@ impl KafkaIo {
             pipeline,
             slots,
             consumer,
-            producer,
+            committer,
+            group_offsets: None,
             changelogs,
             ends: HashMap::new(),
             restored: 0,
             sources,
             inputs_checked: Instant::now(),
         })
-    }
-
-    fn send_batch(&self, batch: &Batch) -> anyhow::Result<()> {
-        for w in &batch.writes {
-            let slot = u32::from_be_bytes(w.key[..4].try_into()?);
-            let record = Record {
-                key: Some(w.key[4..].to_vec()),
-                value: w.value.clone(),
-                headers: vec![],
-                timestamp: crate::cluster::now_ms(),
-            };
-            self.producer
-                .send(&self.changelogs[w.store], slot, &record)?;
-        }
-        for o in &batch.outputs {
-            self.producer.send(&o.topic, o.partition, &o.record)?;
-        }
-        Ok(())
     }
 
     fn offsets(&self, batch: &Batch) -> Vec<(String, u32, u64)> {
@@ -234,7 +236,7 @@ impl PartitionIo for KafkaIo {
                 done += f.records.len() as u64;
             }
             if !writes.is_empty() {
-                db.commit(&writes, &meta)?;
+                db.commit(writes.iter().map(WriteOp::as_ref), &meta)?;
                 last_progress = Instant::now();
             }
             // A changelog partition is done once the reader's position passed its end
@@ -357,7 +359,7 @@ impl PartitionIo for KafkaIo {
                 ));
             }
         }
-        db.commit(&[], &meta)?;
+        db.commit([], &meta)?;
         Ok(out)
     }
 
@@ -389,59 +391,25 @@ impl PartitionIo for KafkaIo {
             .collect())
     }
 
-    fn commit(&mut self, db: &PartitionDb, batch: &Batch) -> anyhow::Result<()> {
-        let offsets = self.offsets(batch);
-        let written = if self.producer.is_transactional() {
-            self.producer.begin()?;
-            let result = self.send_batch(batch).and_then(|()| {
-                let t0 = Instant::now();
-                let written = self.producer.flush()?;
-                let t1 = Instant::now();
-                self.producer.commit(&offsets, &self.consumer)?;
-                tracing::debug!(
-                    flush_us = (t1 - t0).as_micros() as u64,
-                    commit_us = t1.elapsed().as_micros() as u64,
-                    "transaction committed"
-                );
-                Ok(written)
-            });
-            match result {
-                Ok(w) => w,
-                Err(e) => {
-                    self.producer.abort();
-                    return Err(e);
-                }
-            }
-        } else {
-            let t0 = Instant::now();
-            self.send_batch(batch)?;
-            let t1 = Instant::now();
-            let written = self.producer.flush()?;
-            tracing::debug!(
-                send_us = (t1 - t0).as_micros() as u64,
-                flush_us = t1.elapsed().as_micros() as u64,
-                "batch flushed"
-            );
-            written
-        };
-        // Committed in Kafka: now RocksDB, with the input and changelog offsets.
-        let mut meta = Vec::with_capacity(offsets.len() + written.len());
-        for (topic, slot, next) in &offsets {
-            meta.push((
-                input_offset_key(topic, *slot),
-                Some(next.to_be_bytes().to_vec()),
-            ));
+    fn commit_start(&mut self, db: &Arc<PartitionDb>, batch: Arc<Batch>) -> anyhow::Result<()> {
+        let offsets = self.offsets(&batch);
+        if !self.committer.transactional {
+            self.group_offsets = Some(offsets.clone());
         }
-        for ((topic, partition), last) in &written {
-            if let Some(si) = self.changelogs.iter().position(|t| t == topic) {
-                meta.push((
-                    changelog_offset_key(&self.pipeline.spec.stores[si], *partition),
-                    Some((last + 1).to_be_bytes().to_vec()),
-                ));
-            }
-        }
-        db.commit(&batch.writes, &meta)?;
-        if !self.producer.is_transactional() {
+        self.committer.start_job(Job {
+            db: db.clone(),
+            batch,
+            offsets,
+        })
+    }
+
+    fn commit_ready(&mut self) -> bool {
+        self.committer.ready()
+    }
+
+    fn commit_finish(&mut self) -> anyhow::Result<()> {
+        self.committer.finish()?;
+        if let Some(offsets) = self.group_offsets.take() {
             self.consumer.commit_async(&offsets)?;
         }
         Ok(())
@@ -480,5 +448,189 @@ impl PartitionIo for KafkaIo {
         } else {
             Some(end)
         }
+    }
+}
+
+/// A commit for the committer thread.
+struct Job {
+    db: Arc<PartitionDb>,
+    batch: Arc<Batch>,
+    /// The batch's input offsets by topic name.
+    offsets: Vec<(String, u32, u64)>,
+}
+
+/// What the committer thread owns.
+struct CommitterState {
+    producer: BatchProducer,
+    group: GroupMetadata,
+    changelogs: Vec<String>,
+    stores: Vec<String>,
+}
+
+/// The session's committer thread: one commit at a time, in the order started.
+struct Committer {
+    jobs: Option<mpsc::SyncSender<Job>>,
+    done: mpsc::Receiver<anyhow::Result<()>>,
+    thread: Option<JoinHandle<()>>,
+    /// A commit was started and its result not collected.
+    busy: bool,
+    /// The result of the commit in flight, once it came.
+    result: Option<anyhow::Result<()>>,
+    transactional: bool,
+}
+
+impl Committer {
+    fn start(id: &str, state: CommitterState) -> anyhow::Result<Self> {
+        let (jobs, rx) = mpsc::sync_channel::<Job>(1);
+        let (tx, done) = mpsc::sync_channel(1);
+        let transactional = state.producer.is_transactional();
+        let thread = std::thread::Builder::new()
+            .name(format!("baton-commit-{id}"))
+            .spawn(move || {
+                for job in rx {
+                    let r = state.commit(&job);
+                    // The batch is let go of before the result is sent: the partition thread
+                    // then owns the writes alone and moves them into its cache.
+                    drop(job);
+                    if tx.send(r).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        Ok(Committer {
+            jobs: Some(jobs),
+            done,
+            thread: Some(thread),
+            busy: false,
+            result: None,
+            transactional,
+        })
+    }
+
+    fn start_job(&mut self, job: Job) -> anyhow::Result<()> {
+        anyhow::ensure!(!self.busy, "a commit is already in flight");
+        self.jobs
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("the committer has stopped"))?
+            .send(job)
+            .map_err(|_| anyhow::anyhow!("the committer has stopped"))?;
+        self.busy = true;
+        Ok(())
+    }
+
+    fn ready(&mut self) -> bool {
+        if !self.busy || self.result.is_some() {
+            return true;
+        }
+        match self.done.try_recv() {
+            Ok(r) => {
+                self.result = Some(r);
+                true
+            }
+            Err(mpsc::TryRecvError::Empty) => false,
+            Err(mpsc::TryRecvError::Disconnected) => {
+                self.result = Some(Err(anyhow::anyhow!("the committer stopped")));
+                true
+            }
+        }
+    }
+
+    fn finish(&mut self) -> anyhow::Result<()> {
+        if !self.busy {
+            return Ok(());
+        }
+        self.busy = false;
+        match self.result.take() {
+            Some(r) => r,
+            None => self
+                .done
+                .recv()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the committer stopped"))),
+        }
+    }
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        // A commit in flight ends (committed or aborted) before the session does: the next
+        // session must not find RocksDB written under it.
+        self.jobs = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl CommitterState {
+    fn send_batch(&self, batch: &Batch) -> anyhow::Result<()> {
+        for w in batch.writes.iter() {
+            let slot = u32::from_be_bytes(w.key[..4].try_into()?);
+            self.producer.send_parts(
+                &self.changelogs[w.store],
+                slot,
+                Some(&w.key[4..]),
+                w.value,
+                crate::cluster::now_ms(),
+            )?;
+        }
+        for o in &batch.outputs {
+            self.producer.send(&o.topic, o.partition, &o.record)?;
+        }
+        Ok(())
+    }
+
+    fn commit(&self, job: &Job) -> anyhow::Result<()> {
+        let batch = &job.batch;
+        let written = if self.producer.is_transactional() {
+            self.producer.begin()?;
+            let result = self.send_batch(batch).and_then(|()| {
+                let t0 = Instant::now();
+                let written = self.producer.flush()?;
+                let t1 = Instant::now();
+                self.producer.commit(&job.offsets, &self.group)?;
+                tracing::debug!(
+                    flush_us = (t1 - t0).as_micros() as u64,
+                    commit_us = t1.elapsed().as_micros() as u64,
+                    "transaction committed"
+                );
+                Ok(written)
+            });
+            match result {
+                Ok(w) => w,
+                Err(e) => {
+                    self.producer.abort();
+                    return Err(e);
+                }
+            }
+        } else {
+            let t0 = Instant::now();
+            self.send_batch(batch)?;
+            let t1 = Instant::now();
+            let written = self.producer.flush()?;
+            tracing::debug!(
+                send_us = (t1 - t0).as_micros() as u64,
+                flush_us = t1.elapsed().as_micros() as u64,
+                "batch flushed"
+            );
+            written
+        };
+        // Committed in Kafka: now RocksDB, with the input and changelog offsets.
+        let mut meta = Vec::with_capacity(job.offsets.len() + written.len());
+        for (topic, slot, next) in &job.offsets {
+            meta.push((
+                input_offset_key(topic, *slot),
+                Some(next.to_be_bytes().to_vec()),
+            ));
+        }
+        for ((topic, partition), last) in &written {
+            if let Some(si) = self.changelogs.iter().position(|t| t == topic) {
+                meta.push((
+                    changelog_offset_key(&self.stores[si], *partition),
+                    Some((last + 1).to_be_bytes().to_vec()),
+                ));
+            }
+        }
+        job.db.commit(batch.writes.sorted(), &meta)?;
+        Ok(())
     }
 }

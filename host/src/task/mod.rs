@@ -28,7 +28,7 @@ use serde::Serialize;
 
 use crate::cluster::PipelineRecord;
 use crate::runtime::{CallError, Cursor, HostCtx, Instance, Message, Output, Runtime};
-use crate::state::PartitionDb;
+use crate::state::{PartitionDb, Writes};
 use crate::transport::{LogRecord, Record};
 
 /// The dead letters a pipeline replays (`POST /api/v1/pipelines/{p}/dead-letters/replay`),
@@ -89,6 +89,10 @@ const MAX_PENDING_BYTES: usize = 8 << 20;
 /// With batches pending, how long a fetch waits for input before the input counts as run dry
 /// and they commit.
 const IDLE_COMMIT: Duration = Duration::from_millis(50);
+
+/// How long a fetch waits for input while only a commit is in flight: then the commit is
+/// finished (its writes settled, the progress shown) soon after it is done.
+const IN_FLIGHT_WAIT: Duration = Duration::from_millis(2);
 
 /// Opens a session's [`PartitionIo`].
 pub type IoFactory = Box<dyn Fn() -> anyhow::Result<Box<dyn PartitionIo>> + Send + Sync>;
@@ -473,7 +477,7 @@ impl PartitionTask {
         }
         let started = Instant::now();
         // A commit boundary: nothing is pending in the old instance's context.
-        debug_assert!(inst.ctx().overlay.is_empty());
+        debug_assert!(inst.ctx().overlay.is_empty() && !inst.ctx().overlay.is_committing());
         drop(inst);
         match self.try_instance(&target) {
             Ok(new) => {
@@ -595,6 +599,8 @@ impl PartitionTask {
         // `committed`).
         let mut committed = next.clone();
         let mut pending = Pending::default();
+        // The commit in flight, if any: processing goes on over its writes meanwhile.
+        let mut in_flight: Option<InFlight> = None;
         loop {
             let stopping = self.stop.load(Ordering::Relaxed);
             let generation = self.target.generation();
@@ -602,30 +608,39 @@ impl PartitionTask {
             let replay_changed = self.replays.generation() != replay_generation;
             let isolating = self.isolating(&next);
             let interval = Duration::from_millis(run.current.settings.commit_interval_ms);
-            if pending.batches > 0
-                && (stopping
-                    || swap_due
-                    || replay_changed
-                    || isolating
-                    || pending.since.is_some_and(|s| s.elapsed() >= interval)
-                    || pending.records >= self.config.max_pending
-                    || inst.ctx().overlay.written_bytes() >= MAX_PENDING_BYTES)
-            {
-                self.commit_pending(
+            // A stop, a swap, a replay and isolating a refused record need everything
+            // committed; pending batches at their bound wait for the commit in flight.
+            let settle_all = stopping || swap_due || replay_changed || isolating;
+            let full = pending.records >= self.config.max_pending
+                || inst.ctx().overlay.written_bytes() >= MAX_PENDING_BYTES;
+            if in_flight.is_some() && (settle_all || full || io.commit_ready()) {
+                let f = in_flight.take().expect("a commit is in flight");
+                self.finish_commit(
                     io.as_mut(),
                     &mut inst,
-                    &mut pending,
-                    &next,
+                    f,
+                    pending.batches > 0,
                     &mut committed,
                     &dlq,
                 )?;
+            }
+            let due = settle_all || full || pending.since.is_some_and(|s| s.elapsed() >= interval);
+            if pending.batches > 0 && due && in_flight.is_none() {
+                let f = self.start_commit(io.as_mut(), &mut inst, &mut pending, &next)?;
+                // Waited for when everything must be committed, or when it is done already
+                // (the embedded log commits at once).
+                if settle_all || io.commit_ready() {
+                    self.finish_commit(io.as_mut(), &mut inst, f, false, &mut committed, &dlq)?;
+                } else {
+                    in_flight = Some(f);
+                }
             }
             if stopping {
                 break;
             }
             // Only at a commit boundary, where nothing is pending, can the module change under
             // the state. A swap that lands after `swap_due` was read waits for the next commit.
-            if pending.batches == 0 {
+            if pending.batches == 0 && in_flight.is_none() {
                 inst = self.maybe_swap(inst, &mut run)?;
             }
             if replay_changed {
@@ -637,8 +652,10 @@ impl PartitionTask {
             let max_batch = if isolating { 1 } else { self.config.max_batch };
             // With batches pending, wait for input no longer than until they are due, nor
             // than `IDLE_COMMIT`: an input that has nothing for that long has run dry.
+            // With only a commit in flight, look back soon to finish it.
             let wait = match pending.since {
                 Some(s) => interval.saturating_sub(s.elapsed()).min(IDLE_COMMIT),
+                None if in_flight.is_some() => IN_FLIGHT_WAIT,
                 None => FETCH_WAIT,
             };
             let fetched = io
@@ -646,13 +663,14 @@ impl PartitionTask {
                 .map_err(SessionError::from_io)?;
             let started = add_elapsed(&time.fetch_us, fetch_started);
             if fetched.is_empty() {
-                if pending.batches > 0 {
+                if pending.batches > 0 || in_flight.is_some() {
                     // The input is idle: what is pending commits now rather than at the
                     // interval's end.
                     self.commit_pending(
                         io.as_mut(),
                         &mut inst,
                         &mut pending,
+                        &mut in_flight,
                         &next,
                         &mut committed,
                         &dlq,
@@ -750,6 +768,7 @@ impl PartitionTask {
                     io.as_mut(),
                     &mut inst,
                     &mut pending,
+                    &mut in_flight,
                     &next,
                     &mut committed,
                     &dlq,
@@ -780,40 +799,93 @@ impl PartitionTask {
         }
     }
 
-    /// Commits the pending batches: their state writes (in key order), outputs and dead
-    /// letters, and every owned slot's offset up to `next`. When Kafka refuses a record for
-    /// good, the next session goes through the pending records one per commit to find it; when
-    /// the one pending record is what Kafka refuses, it is dead-lettered instead. Once
-    /// committed, `committed` is `next` and the progress shows it.
+    /// Commits everything and waits: the commit in flight, then the pending batches.
+    #[allow(clippy::too_many_arguments)]
     fn commit_pending(
         &self,
         io: &mut dyn PartitionIo,
         inst: &mut Instance,
         pending: &mut Pending,
+        in_flight: &mut Option<InFlight>,
         next: &[Vec<u64>],
         committed: &mut Vec<Vec<u64>>,
         dlq: &str,
     ) -> Result<(), SessionError> {
-        let time = &self.status.time;
-        let commit_started = Instant::now();
+        if let Some(f) = in_flight.take() {
+            self.finish_commit(io, inst, f, pending.batches > 0, committed, dlq)?;
+        }
+        if pending.batches == 0 {
+            return Ok(());
+        }
+        let f = self.start_commit(io, inst, pending, next)?;
+        self.finish_commit(io, inst, f, false, committed, dlq)
+    }
+
+    /// Starts committing the pending batches: their state writes, outputs and dead letters,
+    /// and every owned slot's offset up to `next`. Their writes stay visible to reads until the
+    /// commit is finished.
+    fn start_commit(
+        &self,
+        io: &mut dyn PartitionIo,
+        inst: &mut Instance,
+        pending: &mut Pending,
+        next: &[Vec<u64>],
+    ) -> Result<InFlight, SessionError> {
+        let started = Instant::now();
         // Every owned slot's offset, idle or not: the broker expires a group's offset
         // `offsets.retention.minutes` after its last commit.
         let offsets = batch_offsets(next, self.slots.start);
         let ctx = inst.ctx();
-        let mut writes = ctx.overlay.take();
-        // In key order: RocksDB's memtable reuses its skiplist splice from one insert to the
-        // next.
-        writes.sort_unstable_by(|a, b| (a.store, &a.key).cmp(&(b.store, &b.key)));
-        let mut batch = Batch {
-            writes,
-            outputs: std::mem::take(&mut ctx.outputs),
-            offsets,
+        let writes = ctx.overlay.take();
+        let mut outputs = std::mem::take(&mut ctx.outputs);
+        outputs.append(&mut pending.unreplayable);
+        let flight = InFlight {
+            pending: std::mem::take(pending),
+            next: next.to_vec(),
+            outputs: outputs.len(),
+            offsets: offsets.clone(),
+            dead_letters: self.status.dead_letters.load(Ordering::Relaxed),
+            started,
         };
-        batch.outputs.append(&mut pending.unreplayable);
-        let mut outputs = batch.outputs.len();
-        if let Err(e) = io.commit(&self.db, &batch) {
-            // Nothing of the pending batches is in RocksDB: the next session resumes before
-            // them.
+        io.commit_start(
+            &self.db,
+            Arc::new(Batch {
+                writes,
+                outputs,
+                offsets,
+            }),
+        )
+        .map_err(SessionError::Retry)?;
+        add_elapsed(&self.status.time.commit_us, started);
+        Ok(flight)
+    }
+
+    /// Waits for the commit in flight. Once it is committed, `committed` is its `next` and the
+    /// progress shows it. When Kafka refuses a record of it for good, the next session goes
+    /// through its records one per commit to find it; when its one record is what Kafka
+    /// refuses, that record is dead-lettered instead (and, when batches were processed over
+    /// its writes, `on_top`, they are processed again in a new session).
+    fn finish_commit(
+        &self,
+        io: &mut dyn PartitionIo,
+        inst: &mut Instance,
+        flight: InFlight,
+        on_top: bool,
+        committed: &mut Vec<Vec<u64>>,
+        dlq: &str,
+    ) -> Result<(), SessionError> {
+        let waited = Instant::now();
+        let InFlight {
+            mut pending,
+            next,
+            mut outputs,
+            offsets,
+            dead_letters,
+            started,
+        } = flight;
+        let mut restart = false;
+        if let Err(e) = io.commit_finish() {
+            // Nothing of the batches is in RocksDB: the next session resumes before them.
             if !refused_for_good(&e) {
                 return Err(SessionError::Retry(e));
             }
@@ -821,22 +893,23 @@ impl PartitionTask {
                 // Kafka refused a record of these batches for good: the next session goes
                 // through their records one per commit to find it.
                 tracing::warn!("{e:#}; processing the pending records one per commit");
-                *self.isolate.lock() = Some(next.to_vec());
+                *self.isolate.lock() = Some(next.clone());
                 return Err(SessionError::Retry(e));
             };
             // This record's outputs or state writes are what Kafka refuses: its writes are
             // discarded and it goes to the dead-letter topic, or, when even that is
             // refused, it is dropped with an event saying so.
+            inst.ctx().overlay.discard_committing();
+            restart = on_top;
             let reason = format!("{e:#}");
             let dead = self.dead_letter_output(&one, &reason, "error", dlq);
-            let offsets = batch.offsets;
             let dead_batch = Batch {
-                writes: Vec::new(),
+                writes: Writes::none(),
                 outputs: vec![dead],
                 offsets: offsets.clone(),
             };
             outputs = 1;
-            if let Err(e2) = io.commit(&self.db, &dead_batch) {
+            if let Err(e2) = io.commit(&self.db, Arc::new(dead_batch)) {
                 if !refused_for_good(&e2) {
                     return Err(SessionError::Retry(e2));
                 }
@@ -853,19 +926,19 @@ impl PartitionTask {
                 );
                 io.commit(
                     &self.db,
-                    &Batch {
-                        writes: Vec::new(),
+                    Arc::new(Batch {
+                        writes: Writes::none(),
                         outputs: Vec::new(),
                         offsets,
-                    },
+                    }),
                 )
                 .map_err(SessionError::Retry)?;
             }
         } else {
             // In RocksDB now: the writes stay as the hot-key cache.
-            inst.ctx().overlay.settle(batch.writes);
+            inst.ctx().overlay.settle();
         }
-        add_elapsed(&time.commit_us, commit_started);
+        add_elapsed(&self.status.time.commit_us, waited);
         if let Some(first) = pending.first_fetched {
             self.status.batch_latency.observe(first.elapsed());
         }
@@ -876,22 +949,24 @@ impl PartitionTask {
             .records
             .fetch_add(pending.records, Ordering::Relaxed);
         self.status.batches.fetch_add(1, Ordering::Relaxed);
-        self.status.committed_dead_letters.store(
-            self.status.dead_letters.load(Ordering::Relaxed),
-            Ordering::Relaxed,
-        );
+        self.status
+            .committed_dead_letters
+            .store(dead_letters, Ordering::Relaxed);
         tracing::debug!(
             records = pending.records,
             batches = pending.batches,
             outputs,
             cached = inst.ctx().overlay.cached_bytes(),
-            us = commit_started.elapsed().as_micros() as u64,
+            us = started.elapsed().as_micros() as u64,
             "committed"
         );
-        *pending = Pending::default();
         committed.clear();
-        committed.extend_from_slice(next);
+        committed.extend_from_slice(&next);
         self.update_progress(io, committed);
+        if restart {
+            // The batches processed since read the discarded writes.
+            return Err(SessionError::Restart);
+        }
         Ok(())
     }
 
@@ -1064,6 +1139,21 @@ struct Running {
     previous: Option<Target>,
     rejected: u64,
     probation: u32,
+}
+
+/// A commit started and not finished yet.
+struct InFlight {
+    /// The batches it covers.
+    pending: Pending,
+    /// Where it leaves each input.
+    next: Vec<Vec<u64>>,
+    /// Its outputs and dead letters.
+    outputs: usize,
+    /// Its offsets, kept for a dead letter's commit in its place.
+    offsets: Vec<(usize, u32, u64)>,
+    /// Dead letters counted up to its batches.
+    dead_letters: u64,
+    started: Instant,
 }
 
 /// Batches processed since the last commit.

@@ -19,6 +19,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext, Thr
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::rdbatch::RecordQueue;
 use super::{LogRecord, Record, TopicKind, Transport, TransportError, validate_topic_name};
 
 /// How to reach the cluster: `--kafka` and the repeatable `--kafka-config key=value`, and how
@@ -404,6 +405,22 @@ fn to_record<M: rdkafka::message::Message>(m: &M) -> Record {
     }
 }
 
+/// Adds a record to its topic partition's group, making one when it is the first.
+fn push_record(groups: &mut Vec<Fetched>, topic: &str, partition: u32, rec: LogRecord) {
+    match groups
+        .iter_mut()
+        .rev()
+        .find(|g| g.partition == partition && g.topic == topic)
+    {
+        Some(g) => g.records.push(rec),
+        None => groups.push(Fetched {
+            topic: topic.to_string(),
+            partition,
+            records: vec![rec],
+        }),
+    }
+}
+
 /// Sends one record, waiting for room in the producer's queue when it is full.
 #[allow(clippy::result_large_err)] // rdkafka's own error type: the record comes back in it
 fn send_record<C: ProducerContext>(
@@ -434,16 +451,48 @@ fn send_record_with<'a, O: rdkafka::util::IntoOpaque>(
     r: &'a Record,
     opaque: O,
 ) -> Result<(), TransportError> {
+    send_parts_with(
+        send,
+        wait,
+        topic,
+        partition,
+        Parts {
+            key: r.key.as_deref(),
+            value: r.value.as_deref(),
+            headers: headers_of(r),
+            timestamp: r.timestamp,
+        },
+        opaque,
+    )
+}
+
+/// A record to send, borrowed.
+struct Parts<'a> {
+    key: Option<&'a [u8]>,
+    value: Option<&'a [u8]>,
+    headers: Option<OwnedHeaders>,
+    timestamp: i64,
+}
+
+/// Sends a record made of borrowed parts, waiting for room in the queue when it is full.
+fn send_parts_with<'a, O: rdkafka::util::IntoOpaque>(
+    send: impl Fn(BaseRecord<'a, [u8], [u8], O>) -> SendResult<'a, O>,
+    wait: impl Fn(),
+    topic: &'a str,
+    partition: u32,
+    parts: Parts<'a>,
+    opaque: O,
+) -> Result<(), TransportError> {
     let mut rec = BaseRecord::<[u8], [u8], O>::with_opaque_to(topic, opaque)
         .partition(partition as i32)
-        .timestamp(r.timestamp);
-    if let Some(k) = &r.key {
-        rec = rec.key(k.as_slice());
+        .timestamp(parts.timestamp);
+    if let Some(k) = parts.key {
+        rec = rec.key(k);
     }
-    if let Some(v) = &r.value {
-        rec = rec.payload(v.as_slice());
+    if let Some(v) = parts.value {
+        rec = rec.payload(v);
     }
-    if let Some(h) = headers_of(r) {
+    if let Some(h) = parts.headers {
         rec = rec.headers(h);
     }
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -609,7 +658,8 @@ impl KafkaTransport {
             .client(&[CONSUMER_DEFAULTS, FETCH_SETTINGS, &[("group.id", group)]].concat())
             .create()
             .map_err(|e| kerr("consumer", e))?;
-        Ok(InputConsumer { consumer })
+        let records = RecordQueue::new(&consumer);
+        Ok(InputConsumer { records, consumer })
     }
 
     /// A producer for a partition: transactional with `transactional_id`, else idempotent.
@@ -887,9 +937,20 @@ fn position(c: &BaseConsumer, topic: &str, partition: u32) -> Option<i64> {
 }
 
 /// A partition's input consumer: manual assignment of its slots, committed reads only.
+///
+/// Records are read in batches: every assigned topic partition's fetch queue is forwarded to
+/// one queue of the consumer's own, which `rd_kafka_consume_batch_queue` drains in one call per
+/// batch. rust-rdkafka's `poll` returns one record per call, and each call takes clock readings
+/// and allocates an event handle; at hundreds of thousands of records a second that was a tenth
+/// of the partition thread's time. Everything else (commit replies, errors) still arrives on the
+/// consumer's own queue, which each fetch serves without waiting.
 pub struct InputConsumer {
+    records: RecordQueue,
     consumer: BaseConsumer,
 }
+
+/// An input consumer's group, as a transaction names it when it commits offsets.
+pub struct GroupMetadata(rdkafka::consumer::ConsumerGroupMetadata);
 
 /// Records fetched from one topic partition, in offset order.
 pub struct Fetched {
@@ -926,6 +987,11 @@ impl InputConsumer {
     /// Assigns these topic partitions at these offsets (replacing any assignment).
     pub fn assign(&self, at: &[(String, u32, u64)]) -> Result<(), TransportError> {
         let mut tpl = TopicPartitionList::new();
+        for (t, p, _) in at {
+            self.records
+                .forward(&self.consumer, t, *p)
+                .map_err(|e| kerr("assign", e))?;
+        }
         for (t, p, o) in at {
             tpl.add_partition_offset(t, *p as i32, Offset::Offset(*o as i64))
                 .map_err(|e| kerr("assign", e))?;
@@ -934,45 +1000,74 @@ impl InputConsumer {
     }
 
     /// Up to `max` records, grouped by topic partition: those already fetched, at once; when
-    /// there are none, waits up to `wait` for the first. No deadline is computed per record:
-    /// after the first, the queue is polled without waiting.
+    /// there are none, waits up to `wait` for the first. One call to librdkafka per batch, with
+    /// no deadline computed per record.
     pub fn fetch(&self, max: usize, wait: Duration) -> Vec<Fetched> {
         let mut groups: Vec<Fetched> = Vec::new();
-        let mut n = 0;
-        let mut timeout = wait;
-        while n < max {
-            match self.consumer.poll(timeout) {
-                Some(Ok(m)) => {
-                    let (topic, partition) = (m.topic(), m.partition() as u32);
-                    let rec = LogRecord {
+        // Commit replies and client errors come on the consumer's queue; a record there (from a
+        // topic partition assigned some other way) is kept, never dropped.
+        while let Some(m) = self.consumer.poll(Duration::ZERO) {
+            match m {
+                Ok(m) => push_record(
+                    &mut groups,
+                    m.topic(),
+                    m.partition() as u32,
+                    LogRecord {
                         offset: m.offset() as u64,
                         record: to_record(&m),
-                    };
-                    // Records come in runs of one topic partition: the last group is the
-                    // likeliest.
-                    match groups
-                        .iter_mut()
-                        .rev()
-                        .find(|g| g.partition == partition && g.topic == topic)
-                    {
-                        Some(g) => g.records.push(rec),
-                        None => groups.push(Fetched {
-                            topic: topic.to_string(),
-                            partition,
-                            records: vec![rec],
-                        }),
-                    }
-                    n += 1;
-                    timeout = Duration::ZERO;
-                }
-                Some(Err(e)) => {
-                    tracing::warn!("input consumer: {e}");
-                    break;
-                }
-                None => break,
+                    },
+                ),
+                Err(e) => tracing::warn!("input consumer: {e}"),
+            }
+        }
+        let wait = if groups.is_empty() {
+            wait
+        } else {
+            Duration::ZERO
+        };
+        let batch = self.records.consume(max.max(1), wait);
+        let mut last_topic = None;
+        let mut last_partition = u32::MAX;
+        for msg in &batch {
+            if let Some(e) = msg.error() {
+                tracing::warn!("input consumer: {e}");
+                continue;
+            }
+            let partition = msg.partition();
+            let rec = LogRecord {
+                offset: msg.offset(),
+                record: msg.record(),
+            };
+            // Records come in runs of one topic partition: most join the last group.
+            if Some(msg.topic_id()) == last_topic
+                && partition == last_partition
+                && let Some(g) = groups.last_mut()
+            {
+                g.records.push(rec);
+                continue;
+            }
+            last_topic = Some(msg.topic_id());
+            last_partition = partition;
+            let topic = msg.topic();
+            push_record(&mut groups, &topic, partition, rec);
+            // The group just pushed to must be last, so that the fast path above finds it.
+            if let Some(i) = groups
+                .iter()
+                .position(|g| g.partition == partition && g.topic == topic)
+            {
+                let g = groups.remove(i);
+                groups.push(g);
             }
         }
         groups
+    }
+
+    /// The group's metadata, for offsets committed in a transaction.
+    pub fn group_metadata(&self) -> Result<GroupMetadata, TransportError> {
+        self.consumer
+            .group_metadata()
+            .map(GroupMetadata)
+            .ok_or_else(|| kerr("offsets", "the consumer has no group metadata"))
     }
 
     /// Commits offsets (next offset to read) to the group, without waiting.
@@ -1121,6 +1216,37 @@ impl BatchProducer {
         sent
     }
 
+    /// Sends a record made of borrowed parts (no headers): a changelog record.
+    #[allow(clippy::result_large_err)] // rdkafka's own error type: the record comes back in it
+    pub fn send_parts(
+        &self,
+        topic: &str,
+        partition: u32,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        timestamp: i64,
+    ) -> Result<(), TransportError> {
+        let ctx = self.producer.context();
+        ctx.pending.fetch_add(1, Ordering::AcqRel);
+        let sent = send_parts_with(
+            |rec| self.producer.send(rec),
+            || std::thread::sleep(Duration::from_millis(1)),
+            topic,
+            partition,
+            Parts {
+                key,
+                value,
+                headers: None,
+                timestamp,
+            },
+            (),
+        );
+        if sent.is_err() {
+            ctx.pending.fetch_sub(1, Ordering::AcqRel);
+        }
+        sent
+    }
+
     /// Waits until every record sent is acknowledged; returns the highest offset written per
     /// topic partition since the last flush, or the first delivery error.
     pub fn flush(&self) -> Result<HashMap<(String, u32), u64>, TransportError> {
@@ -1151,16 +1277,12 @@ impl BatchProducer {
     pub fn commit(
         &self,
         offsets: &[(String, u32, u64)],
-        consumer: &InputConsumer,
+        group: &GroupMetadata,
     ) -> Result<(), TransportError> {
         let tpl = offsets_tpl(offsets)?;
-        let meta = consumer
-            .consumer
-            .group_metadata()
-            .ok_or_else(|| kerr("offsets", "the consumer has no group metadata"))?;
         let t0 = Instant::now();
         self.producer
-            .send_offsets_to_transaction(&tpl, &meta, TXN_TIMEOUT)
+            .send_offsets_to_transaction(&tpl, &group.0, TXN_TIMEOUT)
             .map_err(|e| kerr("send offsets to transaction", e))?;
         tracing::trace!(
             us = t0.elapsed().as_micros() as u64,

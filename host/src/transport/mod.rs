@@ -4,6 +4,7 @@
 pub mod embedded;
 pub mod kafka;
 pub mod partitioner;
+mod rdbatch;
 
 /// One record as producers write it and processors read it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -1,0 +1,190 @@
+//! Batch reads from librdkafka, below rust-rdkafka: the only unsafe code of the transport.
+//!
+//! rust-rdkafka's `poll` returns one record per call; each call reads the clock, takes the
+//! queue's lock and allocates an event handle. At hundreds of thousands of records a second
+//! that was about a tenth of a partition thread's time. Here every assigned topic partition's
+//! fetch queue is forwarded to one queue of the consumer's own, which
+//! `rd_kafka_consume_batch_queue` drains in one call per batch.
+#![allow(unsafe_code)]
+
+use std::ffi::{CStr, CString, c_char, c_void};
+use std::time::Duration;
+
+use rdkafka::bindings as rd;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::types::RDKafkaErrorCode;
+
+use super::Record;
+
+/// The queue that assigned topic partitions' records are forwarded to.
+pub(super) struct RecordQueue(*mut rd::rd_kafka_queue_t);
+
+// SAFETY: librdkafka's queues are thread-safe; the handle is only destroyed on drop.
+unsafe impl Send for RecordQueue {}
+unsafe impl Sync for RecordQueue {}
+
+impl Drop for RecordQueue {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from rd_kafka_queue_new and is destroyed once. Its owner
+        // declares it before the consumer, so it goes first.
+        unsafe { rd::rd_kafka_queue_destroy(self.0) }
+    }
+}
+
+impl RecordQueue {
+    /// A new queue of `consumer`'s client. The owner must drop it before the consumer.
+    pub(super) fn new(consumer: &BaseConsumer) -> Self {
+        // SAFETY: the client is alive.
+        RecordQueue(unsafe { rd::rd_kafka_queue_new(consumer.client().native_ptr()) })
+    }
+
+    /// Sends the records of a topic partition here from now on (call before assigning it).
+    pub(super) fn forward(
+        &self,
+        consumer: &BaseConsumer,
+        topic: &str,
+        partition: u32,
+    ) -> Result<(), String> {
+        let name = CString::new(topic).map_err(|_| format!("topic name {topic:?} has a NUL"))?;
+        // SAFETY: the client outlives this call; the partition queue handle is released at
+        // once, and the forwarding stays with the topic partition.
+        unsafe {
+            let pq = rd::rd_kafka_queue_get_partition(
+                consumer.client().native_ptr(),
+                name.as_ptr(),
+                partition as i32,
+            );
+            if pq.is_null() {
+                return Err(format!("no fetch queue for {topic}/{partition}"));
+            }
+            rd::rd_kafka_queue_forward(pq, self.0);
+            rd::rd_kafka_queue_destroy(pq);
+        }
+        Ok(())
+    }
+
+    /// Up to `max` messages: those queued at once, else waits up to `wait` for the first.
+    pub(super) fn consume(&self, max: usize, wait: Duration) -> Vec<RawMessage> {
+        let mut raw: Vec<*mut rd::rd_kafka_message_t> = vec![std::ptr::null_mut(); max];
+        let wait_ms = wait.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: `raw` has room for `max` messages; each one filled in is ours, destroyed by
+        // `RawMessage`'s drop.
+        let n = unsafe { rd::rd_kafka_consume_batch_queue(self.0, wait_ms, raw.as_mut_ptr(), max) };
+        if n < 0 {
+            tracing::warn!("input consumer: batch read failed");
+            return Vec::new();
+        }
+        raw.truncate(n as usize);
+        raw.into_iter()
+            .filter(|p| !p.is_null())
+            .map(RawMessage)
+            .collect()
+    }
+}
+
+/// A message of a batch; destroyed on drop.
+pub(super) struct RawMessage(*mut rd::rd_kafka_message_t);
+
+impl Drop for RawMessage {
+    fn drop(&mut self) {
+        // SAFETY: each message of a batch is owned by the caller and destroyed once.
+        unsafe { rd::rd_kafka_message_destroy(self.0) }
+    }
+}
+
+fn bytes(ptr: *const c_void, len: usize) -> Option<Vec<u8>> {
+    if ptr.is_null() {
+        None
+    } else {
+        // SAFETY: librdkafka guarantees `len` readable bytes at `ptr` for the message's life.
+        Some(unsafe { std::slice::from_raw_parts(ptr as *const u8, len) }.to_vec())
+    }
+}
+
+impl RawMessage {
+    fn get(&self) -> &rd::rd_kafka_message_t {
+        // SAFETY: non-null (filtered at consume) and alive until drop.
+        unsafe { &*self.0 }
+    }
+
+    /// The error this message carries instead of a record, if any.
+    pub(super) fn error(&self) -> Option<String> {
+        let m = self.get();
+        (m.err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR).then(|| {
+            let text = bytes(m.payload, m.len).unwrap_or_default();
+            format!(
+                "{}: {}",
+                RDKafkaErrorCode::from(m.err),
+                String::from_utf8_lossy(&text)
+            )
+        })
+    }
+
+    /// The record's offset.
+    pub(super) fn offset(&self) -> u64 {
+        self.get().offset.max(0) as u64
+    }
+
+    /// The record's partition.
+    pub(super) fn partition(&self) -> u32 {
+        self.get().partition as u32
+    }
+
+    /// Identifies the topic within one consumer, without reading its name.
+    pub(super) fn topic_id(&self) -> usize {
+        self.get().rkt as usize
+    }
+
+    /// The topic's name.
+    pub(super) fn topic(&self) -> String {
+        // SAFETY: a fetched message always has its topic handle; the name is NUL-terminated.
+        unsafe {
+            CStr::from_ptr(rd::rd_kafka_topic_name(self.get().rkt))
+                .to_string_lossy()
+                .into_owned()
+        }
+    }
+
+    /// The record, copied out of librdkafka's buffers.
+    pub(super) fn record(&self) -> Record {
+        let m = self.get();
+        let mut headers = Vec::new();
+        let mut hdrs: *mut rd::rd_kafka_headers_t = std::ptr::null_mut();
+        // SAFETY: the headers belong to the message; names are NUL-terminated, values sized.
+        unsafe {
+            if rd::rd_kafka_message_headers(self.0, &mut hdrs)
+                == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+            {
+                let mut i = 0;
+                loop {
+                    let mut name: *const c_char = std::ptr::null();
+                    let mut value: *const c_void = std::ptr::null();
+                    let mut size = 0usize;
+                    if rd::rd_kafka_header_get_all(hdrs, i, &mut name, &mut value, &mut size)
+                        != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+                    {
+                        break;
+                    }
+                    headers.push((
+                        CStr::from_ptr(name).to_string_lossy().into_owned(),
+                        bytes(value, size).unwrap_or_default(),
+                    ));
+                    i += 1;
+                }
+            }
+        }
+        let mut kind = rd::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE;
+        // SAFETY: reads the message's own timestamp.
+        let ts = unsafe { rd::rd_kafka_message_timestamp(self.0, &mut kind) };
+        Record {
+            key: bytes(m.key, m.key_len),
+            value: bytes(m.payload, m.len),
+            headers,
+            timestamp: if kind == rd::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE {
+                0
+            } else {
+                ts
+            },
+        }
+    }
+}
