@@ -49,6 +49,74 @@ async fn admin_client_creates_and_lists_a_topic() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The input consumer reads in batches but hands over what is there: one record on a quiet
+/// topic comes back as soon as it is fetched, not when a full batch would be (or the wait ends);
+/// records of several partitions, headers and timestamps come back as they were produced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_input_consumer_hands_over_what_is_there_without_waiting_for_a_full_batch()
+-> anyhow::Result<()> {
+    use baton::transport::kafka::{KafkaConfig, KafkaTransport};
+    use baton::transport::{Record, TopicKind, Transport};
+    let _k = kafka_lock().await;
+    tokio::task::spawn_blocking(|| -> anyhow::Result<()> {
+        let t = KafkaTransport::connect(KafkaConfig::new(kafka_bootstrap()))?;
+        let topic = unique("batch-read");
+        t.ensure_topic(&topic, 2, TopicKind::Data)?;
+        let c = t.input_consumer(&unique("batch-read-group"))?;
+        c.assign(&[(topic.clone(), 0, 0), (topic.clone(), 1, 0)])?;
+        let record = |k: &str, ts: i64| Record {
+            key: Some(k.as_bytes().to_vec()),
+            value: Some(format!("v-{k}").into_bytes()),
+            headers: vec![("h".into(), k.as_bytes().to_vec())],
+            timestamp: ts,
+        };
+        t.append(&topic, 1, &[record("first", 1_700_000_000_001)])?;
+        // A wait far longer than a fetch takes: a read that waited for a full batch of 1,000
+        // would sit out all of it.
+        let wait = Duration::from_secs(30);
+        let started = std::time::Instant::now();
+        let got = c.fetch(1000, wait);
+        assert!(
+            started.elapsed() < wait / 2,
+            "one record took {:?}: the read waited for a full batch",
+            started.elapsed()
+        );
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            (got[0].topic.as_str(), got[0].partition),
+            (topic.as_str(), 1)
+        );
+        assert_eq!(got[0].records.len(), 1);
+        assert_eq!(got[0].records[0].offset, 0);
+        assert_eq!(got[0].records[0].record, record("first", 1_700_000_000_001));
+
+        t.append(&topic, 0, &[record("a", 5), record("b", 6)])?;
+        t.append(&topic, 1, &[record("c", 7)])?;
+        let mut seen: BTreeMap<u32, Vec<(u64, Record)>> = BTreeMap::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while seen.values().map(Vec::len).sum::<usize>() < 3 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "only {seen:?} came back"
+            );
+            for f in c.fetch(1000, Duration::from_millis(200)) {
+                seen.entry(f.partition)
+                    .or_default()
+                    .extend(f.records.into_iter().map(|r| (r.offset, r.record)));
+            }
+        }
+        assert_eq!(
+            seen[&0],
+            vec![(0, record("a", 5)), (1, record("b", 6))],
+            "partition 0 in order"
+        );
+        assert_eq!(seen[&1], vec![(1, record("c", 7))]);
+        t.delete_topics(&[topic])?;
+        Ok(())
+    })
+    .await?
+}
+
 /// Checks every count of `pipeline` against `expected`.
 async fn assert_counts(
     api: &Api,

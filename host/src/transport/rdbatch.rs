@@ -64,9 +64,21 @@ impl RecordQueue {
     }
 
     /// Up to `max` messages: those queued at once, else waits up to `wait` for the first.
+    /// (`rd_kafka_consume_batch_queue` with a timeout waits until the batch is full: that would
+    /// hold each record of a slow input for the whole wait.)
     pub(super) fn consume(&self, max: usize, wait: Duration) -> Vec<RawMessage> {
+        let mut out = self.take(max, 0);
+        if out.is_empty() && !wait.is_zero() {
+            out = self.take(1, wait.as_millis().clamp(1, i32::MAX as u128) as i32);
+            if !out.is_empty() && max > 1 {
+                out.extend(self.take(max - 1, 0));
+            }
+        }
+        out
+    }
+
+    fn take(&self, max: usize, wait_ms: i32) -> Vec<RawMessage> {
         let mut raw: Vec<*mut rd::rd_kafka_message_t> = vec![std::ptr::null_mut(); max];
-        let wait_ms = wait.as_millis().min(i32::MAX as u128) as i32;
         // SAFETY: `raw` has room for `max` messages; each one filled in is ours, destroyed by
         // `RawMessage`'s drop.
         let n = unsafe { rd::rd_kafka_consume_batch_queue(self.0, wait_ms, raw.as_mut_ptr(), max) };
