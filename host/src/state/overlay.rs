@@ -238,6 +238,17 @@ impl Overlay {
         self.clean_bytes += n;
     }
 
+    /// Drops one key from the hot-key cache.
+    fn forget(&mut self, store: usize, key: &[u8]) {
+        if let Some(old) = self.clean.get_mut(store).and_then(|m| m.remove(key)) {
+            let back = entry_bytes(key, &old).min(self.clean_bytes);
+            if let Some(b) = &self.budget {
+                b.release(back);
+            }
+            self.clean_bytes -= back;
+        }
+    }
+
     /// Empties the hot-key cache, its memory included, and gives its bytes back to the budget.
     pub fn forget_cache(&mut self) {
         if let Some(b) = &self.budget {
@@ -256,11 +267,21 @@ impl Overlay {
         if self.budget.is_none() {
             return;
         }
-        // The commit has let go of them by now; if not, RocksDB serves them instead.
-        if let Ok(w) = Arc::try_unwrap(committing) {
-            for (store, m) in w.maps.into_iter().enumerate() {
-                for (key, (value, _)) in m {
-                    self.remember(store, key, value);
+        // The commit has let go of them by now; if not, RocksDB serves them instead, and the
+        // cache must not hold older values of them.
+        match Arc::try_unwrap(committing) {
+            Ok(w) => {
+                for (store, m) in w.maps.into_iter().enumerate() {
+                    for (key, (value, _)) in m {
+                        self.remember(store, key, value);
+                    }
+                }
+            }
+            Err(w) => {
+                for (store, m) in w.maps.iter().enumerate() {
+                    for key in m.keys() {
+                        self.forget(store, key);
+                    }
                 }
             }
         }
@@ -522,5 +543,21 @@ mod tests {
         assert_eq!(o.get(0, b"b"), Some(Some(&b"1"[..])));
         let second = o.take();
         assert_eq!(second.len(), 2);
+    }
+
+    #[test]
+    fn writes_still_shared_at_settle_leave_no_stale_cache_entry() {
+        let budget = HotBudget::new(1 << 20);
+        let mut o = Overlay::with_budget(budget.clone());
+        o.remember(0, b"k".to_vec(), Some(b"old".to_vec()));
+        o.put(0, b"k".to_vec(), Some(b"new".to_vec()));
+        o.keep_call();
+        let held = o.take();
+        o.settle();
+        // Not moved into the cache (someone still holds them), and the old value is gone:
+        // the next read goes to RocksDB.
+        assert_eq!(o.get(0, b"k"), None);
+        assert_eq!(budget.used(), 0);
+        drop(held);
     }
 }

@@ -583,24 +583,59 @@ impl PartitionTask {
         // overwrote.
         inst.ctx().overlay.forget_cache();
         let replay_generation = self.replays.generation();
-        let mut next = io
+        let next = io
             .positions(&self.db, &self.replays.ranges())
             .map_err(SessionError::Retry)?;
         self.update_progress(io.as_mut(), &next);
         *self.status.phase.lock() = Phase::Running;
         tracing::info!(slots = ?self.slots, "partition running");
 
-        let spec = &self.pipeline.spec;
-        let dlq = self.pipeline.dlq_topic();
-        let time = &self.status.time;
         // `next`: where processing goes on; `committed`: what the last commit covered. Batches
         // between them are pending: their writes are in the overlay, their outputs in the
         // context, and a failed commit discards them all (the next session starts again from
         // `committed`).
         let mut committed = next.clone();
-        let mut pending = Pending::default();
         // The commit in flight, if any: processing goes on over its writes meanwhile.
         let mut in_flight: Option<InFlight> = None;
+        let result = self.process(
+            io.as_mut(),
+            inst,
+            &mut run,
+            next,
+            &mut committed,
+            &mut in_flight,
+            replay_generation,
+        );
+        if let Some(f) = in_flight.take() {
+            // The session ends on an error with a commit in flight. The commit still ends
+            // before the session's clients close; when it landed, it is counted.
+            match io.commit_finish() {
+                Ok(()) => self.account(io.as_mut(), f, &mut committed),
+                Err(e) => {
+                    tracing::debug!("the commit in flight at the session's end failed: {e:#}")
+                }
+            }
+        }
+        result
+    }
+
+    /// The session's loop: fetch, process, commit, until the partition stops or an error ends
+    /// the session.
+    #[allow(clippy::too_many_arguments)]
+    fn process(
+        &self,
+        io: &mut dyn PartitionIo,
+        mut inst: Instance,
+        run: &mut Running,
+        mut next: Vec<Vec<u64>>,
+        committed: &mut Vec<Vec<u64>>,
+        in_flight: &mut Option<InFlight>,
+        replay_generation: u64,
+    ) -> Result<(), SessionError> {
+        let spec = &self.pipeline.spec;
+        let dlq = self.pipeline.dlq_topic();
+        let time = &self.status.time;
+        let mut pending = Pending::default();
         loop {
             let stopping = self.stop.load(Ordering::Relaxed);
             let generation = self.target.generation();
@@ -615,24 +650,17 @@ impl PartitionTask {
                 || inst.ctx().overlay.written_bytes() >= MAX_PENDING_BYTES;
             if in_flight.is_some() && (settle_all || full || io.commit_ready()) {
                 let f = in_flight.take().expect("a commit is in flight");
-                self.finish_commit(
-                    io.as_mut(),
-                    &mut inst,
-                    f,
-                    pending.batches > 0,
-                    &mut committed,
-                    &dlq,
-                )?;
+                self.finish_commit(io, &mut inst, f, pending.batches > 0, committed, &dlq)?;
             }
             let due = settle_all || full || pending.since.is_some_and(|s| s.elapsed() >= interval);
             if pending.batches > 0 && due && in_flight.is_none() {
-                let f = self.start_commit(io.as_mut(), &mut inst, &mut pending, &next)?;
+                let f = self.start_commit(io, &mut inst, &mut pending, &next)?;
                 // Waited for when everything must be committed, or when it is done already
                 // (the embedded log commits at once).
                 if settle_all || io.commit_ready() {
-                    self.finish_commit(io.as_mut(), &mut inst, f, false, &mut committed, &dlq)?;
+                    self.finish_commit(io, &mut inst, f, false, committed, &dlq)?;
                 } else {
-                    in_flight = Some(f);
+                    *in_flight = Some(f);
                 }
             }
             if stopping {
@@ -641,7 +669,7 @@ impl PartitionTask {
             // Only at a commit boundary, where nothing is pending, can the module change under
             // the state. A swap that lands after `swap_due` was read waits for the next commit.
             if pending.batches == 0 && in_flight.is_none() {
-                inst = self.maybe_swap(inst, &mut run)?;
+                inst = self.maybe_swap(inst, run)?;
             }
             if replay_changed {
                 return Err(SessionError::Restart);
@@ -667,16 +695,16 @@ impl PartitionTask {
                     // The input is idle: what is pending commits now rather than at the
                     // interval's end.
                     self.commit_pending(
-                        io.as_mut(),
+                        io,
                         &mut inst,
                         &mut pending,
-                        &mut in_flight,
+                        in_flight,
                         &next,
-                        &mut committed,
+                        committed,
                         &dlq,
                     )?;
                 } else {
-                    self.update_progress(io.as_mut(), &committed);
+                    self.update_progress(io, committed);
                 }
                 continue;
             }
@@ -747,7 +775,7 @@ impl PartitionTask {
                     *self.status.version.lock() = run.current.version.clone();
                     run.probation = 0;
                     self.reject(
-                        &mut run,
+                        run,
                         &rejected,
                         format!(
                             "{failed} of {count} records failed in a batch right after the swap \
@@ -763,14 +791,14 @@ impl PartitionTask {
             pending.add(count, started, unreplayable, &groups);
             next = new_next;
             // One record per commit while isolating the record Kafka refuses.
-            if interval.is_zero() || on_probation || isolating {
+            if on_probation || isolating {
                 self.commit_pending(
-                    io.as_mut(),
+                    io,
                     &mut inst,
                     &mut pending,
-                    &mut in_flight,
+                    in_flight,
                     &next,
-                    &mut committed,
+                    committed,
                     &dlq,
                 )?;
             }
@@ -880,7 +908,7 @@ impl PartitionTask {
             next,
             mut outputs,
             offsets,
-            dead_letters,
+            mut dead_letters,
             started,
         } = flight;
         let mut restart = false;
@@ -903,6 +931,8 @@ impl PartitionTask {
             restart = on_top;
             let reason = format!("{e:#}");
             let dead = self.dead_letter_output(&one, &reason, "error", dlq);
+            // Counted as a dead letter whether it commits or is dropped below.
+            dead_letters += 1;
             let dead_batch = Batch {
                 writes: Writes::none(),
                 outputs: vec![dead],
@@ -939,19 +969,6 @@ impl PartitionTask {
             inst.ctx().overlay.settle();
         }
         add_elapsed(&self.status.time.commit_us, waited);
-        if let Some(first) = pending.first_fetched {
-            self.status.batch_latency.observe(first.elapsed());
-        }
-        self.status
-            .records_out
-            .fetch_add(outputs as u64, Ordering::Relaxed);
-        self.status
-            .records
-            .fetch_add(pending.records, Ordering::Relaxed);
-        self.status.batches.fetch_add(1, Ordering::Relaxed);
-        self.status
-            .committed_dead_letters
-            .store(dead_letters, Ordering::Relaxed);
         tracing::debug!(
             records = pending.records,
             batches = pending.batches,
@@ -960,14 +977,43 @@ impl PartitionTask {
             us = started.elapsed().as_micros() as u64,
             "committed"
         );
-        committed.clear();
-        committed.extend_from_slice(&next);
-        self.update_progress(io, committed);
+        self.account(
+            io,
+            InFlight {
+                pending,
+                next,
+                outputs,
+                offsets: Vec::new(),
+                dead_letters,
+                started,
+            },
+            committed,
+        );
         if restart {
             // The batches processed since read the discarded writes.
             return Err(SessionError::Restart);
         }
         Ok(())
+    }
+
+    /// Counts a commit that landed and shows its progress: `committed` is its `next`.
+    fn account(&self, io: &mut dyn PartitionIo, flight: InFlight, committed: &mut Vec<Vec<u64>>) {
+        if let Some(first) = flight.pending.first_fetched {
+            self.status.batch_latency.observe(first.elapsed());
+        }
+        self.status
+            .records_out
+            .fetch_add(flight.outputs as u64, Ordering::Relaxed);
+        self.status
+            .records
+            .fetch_add(flight.pending.records, Ordering::Relaxed);
+        self.status.batches.fetch_add(1, Ordering::Relaxed);
+        self.status
+            .committed_dead_letters
+            .store(flight.dead_letters, Ordering::Relaxed);
+        committed.clear();
+        committed.extend_from_slice(&flight.next);
+        self.update_progress(io, committed);
     }
 
     /// Processes one slot's chunk; on failure retries each record alone and dead-letters those

@@ -659,7 +659,11 @@ impl KafkaTransport {
             .create()
             .map_err(|e| kerr("consumer", e))?;
         let records = RecordQueue::new(&consumer);
-        Ok(InputConsumer { records, consumer })
+        Ok(InputConsumer {
+            records,
+            consumer,
+            assigned: std::sync::atomic::AtomicBool::new(false),
+        })
     }
 
     /// A producer for a partition: transactional with `transactional_id`, else idempotent.
@@ -947,6 +951,9 @@ fn position(c: &BaseConsumer, topic: &str, partition: u32) -> Option<i64> {
 pub struct InputConsumer {
     records: RecordQueue,
     consumer: BaseConsumer,
+    /// Assigned once: librdkafka clears a forwarding when it stops a topic partition, so a
+    /// second assignment could leave records on a queue nothing reads.
+    assigned: std::sync::atomic::AtomicBool,
 }
 
 /// An input consumer's group, as a transaction names it when it commits offsets.
@@ -984,8 +991,15 @@ impl InputConsumer {
             .collect())
     }
 
-    /// Assigns these topic partitions at these offsets (replacing any assignment).
+    /// Assigns these topic partitions at these offsets: once per consumer (a session makes a
+    /// new one).
     pub fn assign(&self, at: &[(String, u32, u64)]) -> Result<(), TransportError> {
+        if self.assigned.swap(true, Ordering::AcqRel) {
+            return Err(kerr(
+                "assign",
+                "an input consumer is assigned once; make a new one",
+            ));
+        }
         let mut tpl = TopicPartitionList::new();
         for (t, p, _) in at {
             self.records
