@@ -4,7 +4,7 @@ same topic on the same broker, in alternating runs, with the CPU each process sp
 
 - The input is produced once by a librdkafka client (confluent-kafka) with its default
   partitioner, as most non-Java producers place keys: BATON_STEADY_RECORDS records (default
-  32,000,000, so that every run lasts over 30 s on two cores), 20,000 keys spread uniformly, 8
+  48,000,000, so that every run lasts over 30 s on two cores), 20,000 keys spread uniformly, 8
   partitions.
 - Each run starts the contender as a process of its own (`baton run`, or Kafka Streams'
   bench/kstreams/WordCount in `serve` mode) with 2 partitions / 2 stream threads and polls the
@@ -34,7 +34,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 BOOT = os.environ.get("BATON_KAFKA", "127.0.0.1:9092")
-N = int(os.environ.get("BATON_STEADY_RECORDS", "32000000").replace("_", ""))
+N = int(os.environ.get("BATON_STEADY_RECORDS", "48000000").replace("_", ""))
 ROUNDS = int(os.environ.get("BATON_STEADY_ROUNDS", "3"))
 # baton's commit_interval_ms (its default when unset), to measure throughput across intervals.
 COMMIT_INTERVAL = os.environ.get("BATON_STEADY_COMMIT_INTERVAL_MS")
