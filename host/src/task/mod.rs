@@ -897,31 +897,23 @@ impl PartitionTask {
         &self,
         io: &mut dyn PartitionIo,
         inst: &mut Instance,
-        flight: InFlight,
+        mut flight: InFlight,
         on_top: bool,
         committed: &mut Vec<Vec<u64>>,
         dlq: &str,
     ) -> Result<(), SessionError> {
         let waited = Instant::now();
-        let InFlight {
-            mut pending,
-            next,
-            mut outputs,
-            offsets,
-            mut dead_letters,
-            started,
-        } = flight;
         let mut restart = false;
         if let Err(e) = io.commit_finish() {
             // Nothing of the batches is in RocksDB: the next session resumes before them.
             if !refused_for_good(&e) {
                 return Err(SessionError::Retry(e));
             }
-            let Some(one) = pending.single.take() else {
+            let Some(one) = flight.pending.single.take() else {
                 // Kafka refused a record of these batches for good: the next session goes
                 // through their records one per commit to find it.
                 tracing::warn!("{e:#}; processing the pending records one per commit");
-                *self.isolate.lock() = Some(next.clone());
+                *self.isolate.lock() = Some(flight.next);
                 return Err(SessionError::Retry(e));
             };
             // This record's outputs or state writes are what Kafka refuses: its writes are
@@ -932,18 +924,18 @@ impl PartitionTask {
             let reason = format!("{e:#}");
             let dead = self.dead_letter_output(&one, &reason, "error", dlq);
             // Counted as a dead letter whether it commits or is dropped below.
-            dead_letters += 1;
+            flight.dead_letters += 1;
             let dead_batch = Batch {
                 writes: Writes::none(),
                 outputs: vec![dead],
-                offsets: offsets.clone(),
+                offsets: flight.offsets.clone(),
             };
-            outputs = 1;
+            flight.outputs = 1;
             if let Err(e2) = io.commit(&self.db, Arc::new(dead_batch)) {
                 if !refused_for_good(&e2) {
                     return Err(SessionError::Retry(e2));
                 }
-                outputs = 0;
+                flight.outputs = 0;
                 self.events.push(
                     "error",
                     None,
@@ -959,7 +951,7 @@ impl PartitionTask {
                     Arc::new(Batch {
                         writes: Writes::none(),
                         outputs: Vec::new(),
-                        offsets,
+                        offsets: flight.offsets.clone(),
                     }),
                 )
                 .map_err(SessionError::Retry)?;
@@ -970,25 +962,14 @@ impl PartitionTask {
         }
         add_elapsed(&self.status.time.commit_us, waited);
         tracing::debug!(
-            records = pending.records,
-            batches = pending.batches,
-            outputs,
+            records = flight.pending.records,
+            batches = flight.pending.batches,
+            outputs = flight.outputs,
             cached = inst.ctx().overlay.cached_bytes(),
-            us = started.elapsed().as_micros() as u64,
+            us = flight.started.elapsed().as_micros() as u64,
             "committed"
         );
-        self.account(
-            io,
-            InFlight {
-                pending,
-                next,
-                outputs,
-                offsets: Vec::new(),
-                dead_letters,
-                started,
-            },
-            committed,
-        );
+        self.account(io, flight, committed);
         if restart {
             // The batches processed since read the discarded writes.
             return Err(SessionError::Restart);

@@ -405,19 +405,25 @@ fn to_record<M: rdkafka::message::Message>(m: &M) -> Record {
     }
 }
 
-/// Adds a record to its topic partition's group, making one when it is the first.
-fn push_record(groups: &mut Vec<Fetched>, topic: &str, partition: u32, rec: LogRecord) {
+/// Adds a record to its topic partition's group, making one when it is the first; returns the
+/// group's index.
+fn push_record(groups: &mut Vec<Fetched>, topic: &str, partition: u32, rec: LogRecord) -> usize {
     match groups
-        .iter_mut()
-        .rev()
-        .find(|g| g.partition == partition && g.topic == topic)
+        .iter()
+        .rposition(|g| g.partition == partition && g.topic == topic)
     {
-        Some(g) => g.records.push(rec),
-        None => groups.push(Fetched {
-            topic: topic.to_string(),
-            partition,
-            records: vec![rec],
-        }),
+        Some(i) => {
+            groups[i].records.push(rec);
+            i
+        }
+        None => {
+            groups.push(Fetched {
+                topic: topic.to_string(),
+                partition,
+                records: vec![rec],
+            });
+            groups.len() - 1
+        }
     }
 }
 
@@ -430,41 +436,17 @@ fn send_record<C: ProducerContext>(
     r: &Record,
     opaque: C::DeliveryOpaque,
 ) -> Result<(), TransportError> {
-    send_record_with(
+    send_parts_with(
         |rec| producer.send(rec),
         || producer.poll(Duration::from_millis(10)),
         topic,
         partition,
-        r,
+        Parts::of(r),
         opaque,
     )
 }
 
 type SendResult<'a, O> = Result<(), (RdError, BaseRecord<'a, [u8], [u8], O>)>;
-
-/// [`send_record`] over any way of sending (`BaseProducer` or `ThreadedProducer`).
-fn send_record_with<'a, O: rdkafka::util::IntoOpaque>(
-    send: impl Fn(BaseRecord<'a, [u8], [u8], O>) -> SendResult<'a, O>,
-    wait: impl Fn(),
-    topic: &'a str,
-    partition: u32,
-    r: &'a Record,
-    opaque: O,
-) -> Result<(), TransportError> {
-    send_parts_with(
-        send,
-        wait,
-        topic,
-        partition,
-        Parts {
-            key: r.key.as_deref(),
-            value: r.value.as_deref(),
-            headers: headers_of(r),
-            timestamp: r.timestamp,
-        },
-        opaque,
-    )
-}
 
 /// A record to send, borrowed.
 struct Parts<'a> {
@@ -474,7 +456,19 @@ struct Parts<'a> {
     timestamp: i64,
 }
 
-/// Sends a record made of borrowed parts, waiting for room in the queue when it is full.
+impl<'a> Parts<'a> {
+    fn of(r: &'a Record) -> Self {
+        Parts {
+            key: r.key.as_deref(),
+            value: r.value.as_deref(),
+            headers: headers_of(r),
+            timestamp: r.timestamp,
+        }
+    }
+}
+
+/// Sends a record made of borrowed parts over any way of sending (`BaseProducer` or
+/// `ThreadedProducer`), waiting for room in the queue when it is full.
 fn send_parts_with<'a, O: rdkafka::util::IntoOpaque>(
     send: impl Fn(BaseRecord<'a, [u8], [u8], O>) -> SendResult<'a, O>,
     wait: impl Fn(),
@@ -1022,15 +1016,17 @@ impl InputConsumer {
         // topic partition assigned some other way) is kept, never dropped.
         while let Some(m) = self.consumer.poll(Duration::ZERO) {
             match m {
-                Ok(m) => push_record(
-                    &mut groups,
-                    m.topic(),
-                    m.partition() as u32,
-                    LogRecord {
-                        offset: m.offset() as u64,
-                        record: to_record(&m),
-                    },
-                ),
+                Ok(m) => {
+                    push_record(
+                        &mut groups,
+                        m.topic(),
+                        m.partition() as u32,
+                        LogRecord {
+                            offset: m.offset() as u64,
+                            record: to_record(&m),
+                        },
+                    );
+                }
                 Err(e) => tracing::warn!("input consumer: {e}"),
             }
         }
@@ -1040,37 +1036,25 @@ impl InputConsumer {
             Duration::ZERO
         };
         let batch = self.records.consume(max.max(1), wait);
-        let mut last_topic = None;
-        let mut last_partition = u32::MAX;
+        // Records come in runs of one topic partition: the group of the last run, by topic
+        // handle and partition, takes most of them without a name compared.
+        let mut last: Option<(usize, u32, usize)> = None;
         for msg in &batch {
             if let Some(e) = msg.error() {
                 tracing::warn!("input consumer: {e}");
                 continue;
             }
-            let partition = msg.partition();
+            let (topic, partition) = (msg.topic_id(), msg.partition());
             let rec = LogRecord {
                 offset: msg.offset(),
                 record: msg.record(),
             };
-            // Records come in runs of one topic partition: most join the last group.
-            if Some(msg.topic_id()) == last_topic
-                && partition == last_partition
-                && let Some(g) = groups.last_mut()
-            {
-                g.records.push(rec);
-                continue;
-            }
-            last_topic = Some(msg.topic_id());
-            last_partition = partition;
-            let topic = msg.topic();
-            push_record(&mut groups, &topic, partition, rec);
-            // The group just pushed to must be last, so that the fast path above finds it.
-            if let Some(i) = groups
-                .iter()
-                .position(|g| g.partition == partition && g.topic == topic)
-            {
-                let g = groups.remove(i);
-                groups.push(g);
+            match last {
+                Some((t, p, i)) if t == topic && p == partition => groups[i].records.push(rec),
+                _ => {
+                    let i = push_record(&mut groups, &msg.topic(), partition, rec);
+                    last = Some((topic, partition, i));
+                }
             }
         }
         groups
@@ -1212,26 +1196,11 @@ impl BatchProducer {
     }
 
     /// Sends one record.
-    #[allow(clippy::result_large_err)] // rdkafka's own error type: the record comes back in it
     pub fn send(&self, topic: &str, partition: u32, r: &Record) -> Result<(), TransportError> {
-        let ctx = self.producer.context();
-        ctx.pending.fetch_add(1, Ordering::AcqRel);
-        let sent = send_record_with(
-            |rec| self.producer.send(rec),
-            || std::thread::sleep(Duration::from_millis(1)),
-            topic,
-            partition,
-            r,
-            (),
-        );
-        if sent.is_err() {
-            ctx.pending.fetch_sub(1, Ordering::AcqRel);
-        }
-        sent
+        self.send_made_of(topic, partition, Parts::of(r))
     }
 
     /// Sends a record made of borrowed parts (no headers): a changelog record.
-    #[allow(clippy::result_large_err)] // rdkafka's own error type: the record comes back in it
     pub fn send_parts(
         &self,
         topic: &str,
@@ -1240,11 +1209,7 @@ impl BatchProducer {
         value: Option<&[u8]>,
         timestamp: i64,
     ) -> Result<(), TransportError> {
-        let ctx = self.producer.context();
-        ctx.pending.fetch_add(1, Ordering::AcqRel);
-        let sent = send_parts_with(
-            |rec| self.producer.send(rec),
-            || std::thread::sleep(Duration::from_millis(1)),
+        self.send_made_of(
             topic,
             partition,
             Parts {
@@ -1253,6 +1218,24 @@ impl BatchProducer {
                 headers: None,
                 timestamp,
             },
+        )
+    }
+
+    #[allow(clippy::result_large_err)] // rdkafka's own error type: the record comes back in it
+    fn send_made_of(
+        &self,
+        topic: &str,
+        partition: u32,
+        parts: Parts<'_>,
+    ) -> Result<(), TransportError> {
+        let ctx = self.producer.context();
+        ctx.pending.fetch_add(1, Ordering::AcqRel);
+        let sent = send_parts_with(
+            |rec| self.producer.send(rec),
+            || std::thread::sleep(Duration::from_millis(1)),
+            topic,
+            partition,
+            parts,
             (),
         );
         if sent.is_err() {
