@@ -18,9 +18,7 @@ use crate::cluster::{
     PipelineRecord, PipelineSpec, PipelineUpdate, ReplayRange, Start, SwapRecord, now_ms,
 };
 use crate::error::{Error, Result};
-use crate::runtime::{
-    Module, NativeModule, OutputTopic, Runtime, WIT_PACKAGE, WIT_VERSION, WriteLimits,
-};
+use crate::runtime::{Module, NativeModule, OutputTopic, Runtime, WriteLimits};
 use crate::state::{PartitionDb, StateEnv, slot_key};
 use crate::task::kafka::KafkaIo;
 use crate::task::{
@@ -606,7 +604,7 @@ impl Baton {
             version: version.to_string(),
             sha256: module.sha256.clone(),
             size: module.size,
-            wit: format!("{WIT_PACKAGE}@{WIT_VERSION}"),
+            wit: module.wit(),
             uploaded_at: now_ms(),
         };
         let _g = self.control.lock();

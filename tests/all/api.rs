@@ -218,7 +218,7 @@ async fn modules_come_back_from_the_log_and_compiled_code_is_reused() -> anyhow:
         .upload_plugin("word-count", "word-count", "1")
         .await?;
     assert!(m["size"].as_u64() > Some(1000), "{m}");
-    assert_eq!(m["wit"], "baton:processor@0.1.0");
+    assert_eq!(m["wit"], "baton:processor@0.2.0");
     assert!(m["uploaded_at"].as_i64() > Some(0), "{m}");
     host.api
         .create_pipeline(json!({"name": "wc", "module": "word-count", "version": "1",

@@ -33,26 +33,46 @@ fn dummy_component(wit: &[(&str, String)], world: &str) -> Vec<u8> {
         .unwrap()
 }
 
-fn baton_wit(version: &str) -> Vec<(&'static str, String)> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit");
-    [
-        "types.wit",
-        "state.wit",
-        "output.wit",
-        "log.wit",
-        "handler.wit",
-        "world.wit",
-    ]
-    .into_iter()
-    .map(|f| {
-        (
-            f,
-            std::fs::read_to_string(dir.join(f))
-                .unwrap()
-                .replace("@0.1.0", &format!("@{version}")),
-        )
-    })
-    .collect()
+/// The WIT files of contract `base` (`wit/` for 0.2.0, `wit/v0.1/` for 0.1.0), relabelled as
+/// `version`.
+fn baton_wit(base: &str, version: &str) -> Vec<(&'static str, String)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit");
+    let (dir, files) = match base {
+        "0.1.0" => (
+            root.join("v0.1"),
+            &[
+                "types.wit",
+                "state.wit",
+                "output.wit",
+                "log.wit",
+                "handler.wit",
+                "world.wit",
+            ][..],
+        ),
+        _ => (
+            root,
+            &[
+                "types.wit",
+                "state.wit",
+                "timers.wit",
+                "output.wit",
+                "log.wit",
+                "handler.wit",
+                "world.wit",
+            ][..],
+        ),
+    };
+    files
+        .iter()
+        .map(|f| {
+            (
+                *f,
+                std::fs::read_to_string(dir.join(f))
+                    .unwrap()
+                    .replace(&format!("@{base}"), &format!("@{version}")),
+            )
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -105,28 +125,50 @@ async fn bad_uploads_get_a_4xx_saying_why() -> anyhow::Result<()> {
     assert_eq!(r.status, 422);
     assert!(
         r.error()
-            .contains("does not fit the baton:processor/processor@0.1.0 world"),
+            .contains("does not fit the baton:processor/processor@0.2.0 world"),
         "{}",
         r.error()
     );
 
-    let newer = dummy_component(&baton_wit("0.2.0"), "processor");
-    let r = up(newer).await?;
-    assert_eq!(r.status, 422);
-    assert!(
-        r.error().contains("baton:processor@0.2.0")
-            && r.error().contains("speaks baton:processor@0.1.0"),
-        "{}",
-        r.error()
-    );
+    // Versions this host does not serve are refused, naming the ones it does.
+    for (base, version) in [("0.2.0", "0.3.0"), ("0.2.0", "1.0.0"), ("0.1.0", "1.0.0")] {
+        let newer = dummy_component(&baton_wit(base, version), "processor");
+        let r = up(newer).await?;
+        assert_eq!(r.status, 422, "{version}");
+        assert!(
+            r.error().contains(&format!("baton:processor@{version}"))
+                && r.error()
+                    .contains("speaks baton:processor@0.1.x and @0.2.x"),
+            "{}",
+            r.error()
+        );
+    }
 
-    // A dummy of the right world and version is a valid component: accepted.
-    let same = dummy_component(&baton_wit("0.1.0"), "processor");
-    assert_eq!(up(same).await?.status, 201);
+    // Dummies of both served contracts, and of a later patch of each, are valid: accepted.
+    for (i, (base, version)) in [
+        ("0.1.0", "0.1.0"),
+        ("0.2.0", "0.2.0"),
+        ("0.1.0", "0.1.3"),
+        ("0.2.0", "0.2.1"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let same = dummy_component(&baton_wit(base, version), "processor");
+        let r = api
+            .post_bytes(
+                &format!("/api/v1/modules?name=m&version={}", i + 1),
+                same,
+                "application/wasm",
+            )
+            .await?;
+        assert_eq!(r.status, 201, "{version}: {:?}", r);
+        assert_eq!(r.body["wit"], format!("baton:processor@{base}"), "{r:?}");
+    }
 
     let r = api
         .post_bytes(
-            "/api/v1/modules?name=m&version=2",
+            "/api/v1/modules?name=m&version=9",
             vec![],
             "application/wasm",
         )
@@ -160,7 +202,7 @@ async fn bad_uploads_get_a_4xx_saying_why() -> anyhow::Result<()> {
         .await?;
     assert_eq!(r.status, 409, "{r:?}");
     let listed = api.get("/api/v1/modules").await?;
-    assert_eq!(listed.body.as_array().unwrap().len(), 1);
+    assert_eq!(listed.body.as_array().unwrap().len(), 4);
     host.stop().await
 }
 

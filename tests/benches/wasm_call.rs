@@ -1,12 +1,19 @@
-//! The per-record cost of calling `process` on word-count with batches of 1 and 100 records,
-//! against the same logic in native Rust over the same state layer (the Wasm tax).
+//! The per-record cost of calling `process` on word-count with batches of 1, 100 and 1000
+//! records, against the same logic in native Rust over the same state layer (the Wasm tax):
+//! `wasm-0.2` is the word-count plugin on contract 0.2 (the batch ABI: one buffer per batch,
+//! the counts added in one `apply` call), `wasm-0.1` the same logic built for contract 0.1 (a
+//! list of records, an `increment` host call per record).
 //!
 //! `cargo bench -p baton-tests --bench wasm_call`
 
 use std::sync::Arc;
 
-use baton::runtime::{Cursor, HostCtx, Message, Runtime};
-use baton::state::{Overlay, PartitionDb, StateEnv, slot_key};
+/// The allocator of the `baton` binary, so that allocation costs are the production ones.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+use baton::runtime::{Cursor, HostCtx, Instance, Message, Runtime};
+use baton::state::{PartitionDb, StateEnv};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
 fn batch(n: usize, round: u64) -> Vec<Message> {
@@ -23,20 +30,24 @@ fn batch(n: usize, round: u64) -> Vec<Message> {
         .collect()
 }
 
-/// What the host's `increment` does, called natively.
-fn native_increment(db: &PartitionDb, overlay: &mut Overlay, slot: u32, key: &[u8]) {
-    let k = slot_key(slot, key);
-    let current = match overlay.get(0, &k) {
-        Some(v) => v
-            .map(|b| i64::from_be_bytes(b.try_into().unwrap()))
-            .unwrap_or(0),
-        None => db
-            .get(0, &k)
-            .unwrap()
-            .map(|b| i64::from_be_bytes(b.as_slice().try_into().unwrap()))
-            .unwrap_or(0),
-    };
-    overlay.put(0, k, Some((current + 1).to_be_bytes().to_vec()));
+/// A host context over `db`, as a partition's instance gets.
+fn host_ctx(db: &Arc<PartitionDb>) -> HostCtx {
+    HostCtx::new(
+        "bench".into(),
+        db.clone(),
+        Arc::new(baton::runtime::WriteLimits::default()),
+        64 << 20,
+        Default::default(),
+    )
+}
+
+/// An instance of a plugin over `db`, initialised.
+fn instance(runtime: &Runtime, db: &Arc<PartitionDb>, plugin: &str) -> Instance {
+    let module = runtime.load(&baton_tests::plugin_bytes(plugin)).unwrap();
+    let ctx = host_ctx(db);
+    let mut inst = runtime.instantiate(&module, ctx).unwrap();
+    inst.init(&[]).unwrap();
+    inst
 }
 
 fn bench(c: &mut Criterion) {
@@ -47,42 +58,17 @@ fn bench(c: &mut Criterion) {
             .unwrap(),
     );
     let runtime = Runtime::new(dir.path().join("compiled")).unwrap();
-    let module = runtime
-        .load(&baton_tests::plugin_bytes("word-count"))
-        .unwrap();
-    let ctx = HostCtx::new(
-        "bench".into(),
-        db.clone(),
-        Arc::new(baton::runtime::WriteLimits::default()),
-        64 << 20,
-        Default::default(),
-    );
-    let mut inst = runtime.instantiate(&module, ctx).unwrap();
-    inst.init(&[]).unwrap();
+    let mut wasm = [
+        ("wasm-0.2", instance(&runtime, &db, "word-count")),
+        ("wasm-0.1", instance(&runtime, &db, "word-count-v01")),
+    ];
 
     let mut group = c.benchmark_group("process");
-    for n in [1usize, 100] {
+    for n in [1usize, 100, 1000] {
         group.throughput(Throughput::Elements(n as u64));
-        let mut round = 0u64;
-        group.bench_with_input(BenchmarkId::new("wasm", n), &n, |b, &n| {
-            b.iter_batched(
-                || {
-                    round += 1;
-                    batch(n, round)
-                },
-                |msgs| {
-                    inst.ctx().begin_call(Cursor::default());
-                    inst.process(&msgs, 1000).unwrap();
-                    inst.ctx().keep_call();
-                    // Keep the overlay batch-sized, as the partition loop does at each commit.
-                    if inst.ctx().overlay.take().len() > 1 << 20 {
-                        unreachable!()
-                    }
-                },
-                criterion::BatchSize::SmallInput,
-            )
-        });
-        let mut overlay = Overlay::default();
+        // The same logic in native Rust, through the same host calls over the same overlay.
+        let mut ctx = host_ctx(&db);
+        let counts = ctx.native_open("counts").unwrap();
         let mut round = 0u64;
         group.bench_with_input(BenchmarkId::new("native", n), &n, |b, &n| {
             b.iter_batched(
@@ -91,17 +77,38 @@ fn bench(c: &mut Criterion) {
                     batch(n, round)
                 },
                 |msgs| {
+                    ctx.begin_call(Cursor::default());
                     for m in &msgs {
                         if let Some(k) = &m.key {
-                            native_increment(&db, &mut overlay, m.slot, k);
+                            ctx.native_increment(&counts, k, 1).unwrap();
                         }
                     }
-                    overlay.keep_call();
-                    overlay.take()
+                    ctx.keep_call();
+                    ctx.overlay.take()
                 },
                 criterion::BatchSize::SmallInput,
             )
         });
+        for (name, inst) in &mut wasm {
+            let mut round = 0u64;
+            group.bench_with_input(BenchmarkId::new(*name, n), &n, |b, &n| {
+                b.iter_batched(
+                    || {
+                        round += 1;
+                        batch(n, round)
+                    },
+                    |msgs| {
+                        inst.ctx().begin_call(Cursor::default());
+                        inst.process(&msgs, 1000).unwrap();
+                        inst.ctx().keep_call();
+                        // Keep the overlay batch-sized, as the partition loop does at each
+                        // commit.
+                        inst.ctx().overlay.take()
+                    },
+                    criterion::BatchSize::SmallInput,
+                )
+            });
+        }
     }
     group.finish();
 }

@@ -8,12 +8,10 @@ use wasmtime::component::{Resource, ResourceTable};
 use wasmtime::{ResourceLimiter, StoreLimits};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::bindings::baton::processor::{log, output, state, types};
+use super::bindings::{v0_1, v0_2};
 use super::stderr::StderrTail;
 use crate::state::{Overlay, PartitionDb, slot_key};
 use crate::transport::Record;
-
-type Error = types::Error;
 
 /// Bytes of guest stderr kept per instance, shown with a trap.
 const STDERR_TAIL: usize = 1024;
@@ -134,10 +132,105 @@ impl Default for WriteLimits {
     }
 }
 
-/// The error a guest gets for a key, value or record over a limit (the contract 0.1 has no case
-/// of its own for it, so it is `other`, starting with `too-large:`).
+/// An error a guest can handle, whichever contract it speaks; each contract's bindings convert
+/// it into their own `error` variant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuestError {
+    /// The pipeline declares no store of this name.
+    NoSuchStore(String),
+    /// The pipeline declares no output topic of this name.
+    NoSuchTopic(String),
+    /// A stored value cannot be used as asked.
+    InvalidValue(String),
+    /// The processor rejects its input or configuration (or a batched call names bytes
+    /// outside its data).
+    InvalidInput(String),
+    /// A key, value or record over a limit.
+    TooLarge(String),
+    /// A limit of the pipeline was reached.
+    Limit(String),
+    /// Anything else.
+    Other(String),
+}
+
+impl std::fmt::Display for GuestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GuestError::NoSuchStore(s) => write!(f, "no-such-store: {s}"),
+            GuestError::NoSuchTopic(s) => write!(f, "no-such-topic: {s}"),
+            GuestError::InvalidValue(s) => write!(f, "invalid-value: {s}"),
+            GuestError::InvalidInput(s) => write!(f, "invalid-input: {s}"),
+            GuestError::TooLarge(s) => write!(f, "too-large: {s}"),
+            GuestError::Limit(s) => write!(f, "limit: {s}"),
+            GuestError::Other(s) => f.write_str(s),
+        }
+    }
+}
+
+impl From<GuestError> for v0_1::baton::processor::types::Error {
+    /// Contract 0.1 has no cases for `too-large` and `limit`: they are `other`, starting with
+    /// their name.
+    fn from(e: GuestError) -> Self {
+        use v0_1::baton::processor::types::Error as E;
+        match e {
+            GuestError::NoSuchStore(s) => E::NoSuchStore(s),
+            GuestError::NoSuchTopic(s) => E::NoSuchTopic(s),
+            GuestError::InvalidValue(s) => E::InvalidValue(s),
+            GuestError::InvalidInput(s) => E::InvalidInput(s),
+            e @ (GuestError::TooLarge(_) | GuestError::Limit(_)) => E::Other(e.to_string()),
+            GuestError::Other(s) => E::Other(s),
+        }
+    }
+}
+
+impl From<v0_1::baton::processor::types::Error> for GuestError {
+    fn from(e: v0_1::baton::processor::types::Error) -> Self {
+        use v0_1::baton::processor::types::Error as E;
+        match e {
+            E::NoSuchStore(s) => GuestError::NoSuchStore(s),
+            E::NoSuchTopic(s) => GuestError::NoSuchTopic(s),
+            E::InvalidValue(s) => GuestError::InvalidValue(s),
+            E::InvalidInput(s) => GuestError::InvalidInput(s),
+            E::Other(s) => GuestError::Other(s),
+        }
+    }
+}
+
+impl From<GuestError> for v0_2::baton::processor::types::Error {
+    fn from(e: GuestError) -> Self {
+        use v0_2::baton::processor::types::Error as E;
+        match e {
+            GuestError::NoSuchStore(s) => E::NoSuchStore(s),
+            GuestError::NoSuchTopic(s) => E::NoSuchTopic(s),
+            GuestError::InvalidValue(s) => E::InvalidValue(s),
+            GuestError::InvalidInput(s) => E::InvalidInput(s),
+            GuestError::TooLarge(s) => E::TooLarge(s),
+            GuestError::Limit(s) => E::Limit(s),
+            GuestError::Other(s) => E::Other(s),
+        }
+    }
+}
+
+impl From<v0_2::baton::processor::types::Error> for GuestError {
+    fn from(e: v0_2::baton::processor::types::Error) -> Self {
+        use v0_2::baton::processor::types::Error as E;
+        match e {
+            E::NoSuchStore(s) => GuestError::NoSuchStore(s),
+            E::NoSuchTopic(s) => GuestError::NoSuchTopic(s),
+            E::InvalidValue(s) => GuestError::InvalidValue(s),
+            E::InvalidInput(s) => GuestError::InvalidInput(s),
+            E::TooLarge(s) => GuestError::TooLarge(s),
+            E::Limit(s) => GuestError::Limit(s),
+            E::Other(s) => GuestError::Other(s),
+        }
+    }
+}
+
+type Error = GuestError;
+
+/// The error a guest gets for a key, value or record over a limit.
 fn too_large(what: String) -> Error {
-    Error::Other(format!("too-large: {what}"))
+    Error::TooLarge(what)
 }
 
 /// The guest's handle on a store: the store id within the partition database.
@@ -205,6 +298,10 @@ pub struct HostCtx {
     /// Set when a host call failed through no fault of the guest (state I/O): the call traps,
     /// and the partition ends its session and retries instead of dead-lettering the record.
     pub host_fault: Option<String>,
+    /// The event time of the current call's slot (`timers.event-time`), `-1` before any record.
+    pub event_time: i64,
+    /// The event time of each slot seen.
+    pub event_times: HashMap<u32, i64>,
 }
 
 impl HostCtx {
@@ -236,6 +333,8 @@ impl HostCtx {
             logs: Vec::new(),
             grants,
             host_fault: None,
+            event_time: -1,
+            event_times: HashMap::new(),
         }
     }
 
@@ -350,82 +449,51 @@ impl WasiView for HostCtx {
     }
 }
 
-impl types::Host for HostCtx {}
-
-impl state::Host for HostCtx {}
-
-impl state::HostStore for HostCtx {
-    fn open(&mut self, name: String) -> wasmtime::Result<Result<Resource<StoreHandle>, Error>> {
-        match self.db.store_id(&name) {
-            None => Ok(Err(Error::NoSuchStore(format!(
+/// The operations of the contracts, whichever version the guest speaks. Keys are the guest's
+/// (without the slot prefix); everything is scoped to the slot of the current call.
+impl HostCtx {
+    /// The id of a declared store.
+    pub fn open_store(&self, name: &str) -> Result<usize, Error> {
+        self.db.store_id(name).ok_or_else(|| {
+            Error::NoSuchStore(format!(
                 "store `{name}` is not declared by pipeline `{}`; declared: [{}]",
                 self.pipeline,
                 self.db.stores().join(", ")
-            )))),
-            Some(store) => Ok(Ok(self.table.push(StoreHandle { store })?)),
-        }
+            ))
+        })
     }
 
-    fn get(
-        &mut self,
-        h: Resource<StoreHandle>,
-        key: Vec<u8>,
-    ) -> wasmtime::Result<Result<Option<Vec<u8>>, Error>> {
-        let store = self.table.get(&h)?.store;
-        Ok(Ok(self.read(store, &key)?))
+    /// The value of `key`.
+    pub fn get_value(&mut self, store: usize, key: &[u8]) -> wasmtime::Result<Option<Vec<u8>>> {
+        self.read(store, key)
     }
 
-    fn get_many(
-        &mut self,
-        h: Resource<StoreHandle>,
-        keys: Vec<Vec<u8>>,
-    ) -> wasmtime::Result<Result<Vec<Option<Vec<u8>>>, Error>> {
-        let store = self.table.get(&h)?.store;
-        let mut out = Vec::with_capacity(keys.len());
-        for k in keys {
-            out.push(self.read(store, &k)?);
-        }
-        Ok(Ok(out))
-    }
-
-    fn set(
-        &mut self,
-        h: Resource<StoreHandle>,
-        key: Vec<u8>,
-        value: Vec<u8>,
-    ) -> wasmtime::Result<Result<(), Error>> {
-        let store = self.table.get(&h)?.store;
-        if let Err(e) = self.check_write(store, &key, &value) {
-            return Ok(Err(e));
-        }
+    /// Sets `key` to `value`, checking the limits.
+    pub fn set_value(&mut self, store: usize, key: &[u8], value: Vec<u8>) -> Result<(), Error> {
+        self.check_write(store, key, &value)?;
         self.overlay
-            .put(store, slot_key(self.cursor.slot, &key), Some(value));
-        Ok(Ok(()))
+            .put(store, slot_key(self.cursor.slot, key), Some(value));
+        Ok(())
     }
 
-    fn delete(
-        &mut self,
-        h: Resource<StoreHandle>,
-        key: Vec<u8>,
-    ) -> wasmtime::Result<Result<(), Error>> {
-        // No size check: a key stored under older, larger limits can always be deleted.
-        let store = self.table.get(&h)?.store;
+    /// Removes `key`. No size check: a key stored under older, larger limits can always be
+    /// deleted.
+    pub fn delete_value(&mut self, store: usize, key: &[u8]) {
         self.overlay
-            .put(store, slot_key(self.cursor.slot, &key), None);
-        Ok(Ok(()))
+            .put(store, slot_key(self.cursor.slot, key), None);
     }
 
-    fn increment(
+    /// Adds `delta` to the counter at `key` and returns the new value.
+    pub fn add_counter(
         &mut self,
-        h: Resource<StoreHandle>,
-        key: Vec<u8>,
+        store: usize,
+        key: &[u8],
         delta: i64,
     ) -> wasmtime::Result<Result<i64, Error>> {
-        let store = self.table.get(&h)?.store;
-        if let Err(e) = self.check_write(store, &key, &[0; 8]) {
+        if let Err(e) = self.check_write(store, key, &[0; 8]) {
             return Ok(Err(e));
         }
-        let k = slot_key(self.cursor.slot, &key);
+        let k = slot_key(self.cursor.slot, key);
         let current = match self.overlay.get(store, &k) {
             Some(v) => decode_counter(v),
             None => {
@@ -447,17 +515,18 @@ impl state::HostStore for HostCtx {
         Ok(Ok(next))
     }
 
-    fn scan(
+    /// The visible entries with `start <= key < end` (slot-prefixed keys), committed and
+    /// pending merged, in key order; at most `limit`.
+    fn visible_range(
         &mut self,
-        h: Resource<StoreHandle>,
-        start: Vec<u8>,
-        end: Option<Vec<u8>>,
-        limit: u32,
-    ) -> wasmtime::Result<Result<Vec<(Vec<u8>, Vec<u8>)>, Error>> {
-        let store = self.table.get(&h)?.store;
+        store: usize,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> wasmtime::Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let slot = self.cursor.slot;
-        let lo = slot_key(slot, &start);
-        let hi = match &end {
+        let lo = slot_key(slot, start);
+        let hi = match end {
             Some(e) => slot_key(slot, e),
             // The end of the slot: the next slot's prefix.
             None => match slot.checked_add(1) {
@@ -465,10 +534,11 @@ impl state::HostStore for HostCtx {
                 None => vec![0xff; 5],
             },
         };
-        let limit = limit as usize;
         let pending = self.overlay.range(store, &lo, &hi);
         // Committed rows may be shadowed by pending deletes: read enough to fill `limit`.
-        let r = self.db.scan(store, &lo, &hi, limit + pending.len());
+        let r = self
+            .db
+            .scan(store, &lo, &hi, limit.saturating_add(pending.len()));
         let committed = self.host_result(r)?;
         let mut merged = std::collections::BTreeMap::new();
         for (k, v) in committed {
@@ -477,17 +547,126 @@ impl state::HostStore for HostCtx {
         for (k, v) in pending {
             merged.insert(k, v);
         }
-        let out = merged
+        Ok(merged
             .into_iter()
-            .filter_map(|(k, v)| v.map(|v| (k[4..].to_vec(), v)))
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
             .take(limit)
-            .collect();
-        Ok(Ok(out))
+            .collect())
     }
 
-    fn drop(&mut self, h: Resource<StoreHandle>) -> wasmtime::Result<()> {
-        self.table.delete(h)?;
+    /// Up to `limit` entries with `start <= key < end`, in key order.
+    pub fn scan_values(
+        &mut self,
+        store: usize,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> wasmtime::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let rows = self.visible_range(store, start, end, limit)?;
+        Ok(rows
+            .into_iter()
+            .map(|(k, v)| (k[4..].to_vec(), v))
+            .collect())
+    }
+
+    /// Removes every entry with `start <= key < end`; returns how many there were.
+    pub fn delete_range(
+        &mut self,
+        store: usize,
+        start: &[u8],
+        end: Option<&[u8]>,
+    ) -> wasmtime::Result<u64> {
+        let rows = self.visible_range(store, start, end, usize::MAX)?;
+        let n = rows.len() as u64;
+        for (k, _) in rows {
+            self.overlay.put(store, k, None);
+        }
+        Ok(n)
+    }
+
+    /// Adds a record to the call's outputs, checking the topic and its size limit.
+    pub fn send_output(
+        &mut self,
+        topic: &str,
+        key: Option<Vec<u8>>,
+        value: Option<Vec<u8>>,
+        headers: Vec<(String, Vec<u8>)>,
+        timestamp: Option<i64>,
+    ) -> Result<(), Error> {
+        let Some(&out) = self.limits_w.outputs.get(topic) else {
+            let mut declared: Vec<_> = self.limits_w.outputs.keys().cloned().collect();
+            declared.sort();
+            return Err(Error::NoSuchTopic(format!(
+                "topic `{topic}` is not an output of pipeline `{}`; declared: [{}]",
+                self.pipeline,
+                declared.join(", ")
+            )));
+        };
+        if let Some(max) = out.max_record_bytes {
+            let size = key.as_ref().map_or(0, Vec::len)
+                + value.as_ref().map_or(0, Vec::len)
+                + headers
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len())
+                    .sum::<usize>();
+            if size > max {
+                return Err(too_large(format!(
+                    "output of {size} bytes exceeds what topic `{topic}` takes ({max} bytes: \
+                     its max.message.bytes less 1 KiB)"
+                )));
+            }
+        }
+        let partitions = out.partitions;
+        let partition = match &key {
+            Some(k) => crate::transport::partitioner::partition_for_key(k, partitions),
+            None => self.cursor.slot % partitions,
+        };
+        let record = Record {
+            key,
+            value,
+            headers,
+            timestamp: timestamp.unwrap_or(self.cursor.timestamp),
+        };
+        self.outputs.push(Output {
+            topic: topic.to_string(),
+            partition,
+            record,
+        });
         Ok(())
+    }
+
+    /// Writes a guest log line to the host's log and keeps it for the pipeline's events.
+    fn guest_log(&mut self, level: tracing::Level, message: String) {
+        let c = &self.cursor;
+        let lvl = match level {
+            tracing::Level::TRACE => {
+                tracing::trace!(pipeline = %self.pipeline, topic = %c.topic, slot = c.slot, offset = c.offset, "guest: {message}");
+                "trace"
+            }
+            tracing::Level::DEBUG => {
+                tracing::debug!(pipeline = %self.pipeline, topic = %c.topic, slot = c.slot, offset = c.offset, "guest: {message}");
+                "debug"
+            }
+            tracing::Level::INFO => {
+                tracing::info!(pipeline = %self.pipeline, topic = %c.topic, slot = c.slot, offset = c.offset, "guest: {message}");
+                "info"
+            }
+            tracing::Level::WARN => {
+                tracing::warn!(pipeline = %self.pipeline, topic = %c.topic, slot = c.slot, offset = c.offset, "guest: {message}");
+                "warn"
+            }
+            tracing::Level::ERROR => {
+                tracing::error!(pipeline = %self.pipeline, topic = %c.topic, slot = c.slot, offset = c.offset, "guest: {message}");
+                "error"
+            }
+        };
+        if self.logs.len() < 1000 {
+            self.logs.push(GuestLog {
+                level: lvl,
+                message,
+                cursor: self.cursor.clone(),
+            });
+        }
     }
 }
 
@@ -503,89 +682,437 @@ fn decode_counter(v: Option<&[u8]>) -> Result<i64, Error> {
     }
 }
 
-impl output::Host for HostCtx {
-    fn send(
-        &mut self,
-        topic: String,
-        key: Option<Vec<u8>>,
-        value: Option<Vec<u8>>,
-        headers: Vec<types::Header>,
-    ) -> wasmtime::Result<Result<(), Error>> {
-        let Some(&out) = self.limits_w.outputs.get(&topic) else {
-            let mut declared: Vec<_> = self.limits_w.outputs.keys().cloned().collect();
-            declared.sort();
-            return Ok(Err(Error::NoSuchTopic(format!(
-                "topic `{topic}` is not an output of pipeline `{}`; declared: [{}]",
-                self.pipeline,
-                declared.join(", ")
-            ))));
-        };
-        if let Some(max) = out.max_record_bytes {
-            let size = key.as_ref().map_or(0, Vec::len)
-                + value.as_ref().map_or(0, Vec::len)
-                + headers
-                    .iter()
-                    .map(|h| h.key.len() + h.value.len())
-                    .sum::<usize>();
-            if size > max {
-                return Ok(Err(too_large(format!(
-                    "output of {size} bytes exceeds what topic `{topic}` takes ({max} bytes: \
-                     its max.message.bytes less 1 KiB)"
-                ))));
+/// The bytes a span names in a batched call's data, or an error naming the span.
+fn span_of<'a>(data: &'a [u8], start: u32, len: u32, what: &str) -> Result<&'a [u8], Error> {
+    let (s, l) = (start as usize, len as usize);
+    s.checked_add(l)
+        .and_then(|e| data.get(s..e))
+        .ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "{what} spans bytes {s}..{} but the call's data has {} bytes",
+                s as u64 + l as u64,
+                data.len()
+            ))
+        })
+}
+
+/// Contract 0.1: every call maps onto the operations above.
+mod contract_0_1 {
+    use super::*;
+    use v0_1::baton::processor::{log, output, state, types};
+
+    type WitError = types::Error;
+
+    impl types::Host for HostCtx {}
+
+    impl state::Host for HostCtx {}
+
+    impl state::HostStore for HostCtx {
+        fn open(
+            &mut self,
+            name: String,
+        ) -> wasmtime::Result<Result<Resource<StoreHandle>, WitError>> {
+            match self.open_store(&name) {
+                Err(e) => Ok(Err(e.into())),
+                Ok(store) => Ok(Ok(self.table.push(StoreHandle { store })?)),
             }
         }
-        let partitions = out.partitions;
-        let partition = match &key {
-            Some(k) => crate::transport::partitioner::partition_for_key(k, partitions),
-            None => self.cursor.slot % partitions,
-        };
-        let record = Record {
-            key,
-            value,
-            headers: headers.into_iter().map(|h| (h.key, h.value)).collect(),
-            timestamp: self.cursor.timestamp,
-        };
-        self.outputs.push(Output {
-            topic,
-            partition,
-            record,
-        });
-        Ok(Ok(()))
+
+        fn get(
+            &mut self,
+            h: Resource<StoreHandle>,
+            key: Vec<u8>,
+        ) -> wasmtime::Result<Result<Option<Vec<u8>>, WitError>> {
+            let store = self.table.get(&h)?.store;
+            Ok(Ok(self.get_value(store, &key)?))
+        }
+
+        fn get_many(
+            &mut self,
+            h: Resource<StoreHandle>,
+            keys: Vec<Vec<u8>>,
+        ) -> wasmtime::Result<Result<Vec<Option<Vec<u8>>>, WitError>> {
+            let store = self.table.get(&h)?.store;
+            let mut out = Vec::with_capacity(keys.len());
+            for k in keys {
+                out.push(self.get_value(store, &k)?);
+            }
+            Ok(Ok(out))
+        }
+
+        fn set(
+            &mut self,
+            h: Resource<StoreHandle>,
+            key: Vec<u8>,
+            value: Vec<u8>,
+        ) -> wasmtime::Result<Result<(), WitError>> {
+            let store = self.table.get(&h)?.store;
+            Ok(self.set_value(store, &key, value).map_err(Into::into))
+        }
+
+        fn delete(
+            &mut self,
+            h: Resource<StoreHandle>,
+            key: Vec<u8>,
+        ) -> wasmtime::Result<Result<(), WitError>> {
+            let store = self.table.get(&h)?.store;
+            self.delete_value(store, &key);
+            Ok(Ok(()))
+        }
+
+        fn increment(
+            &mut self,
+            h: Resource<StoreHandle>,
+            key: Vec<u8>,
+            delta: i64,
+        ) -> wasmtime::Result<Result<i64, WitError>> {
+            let store = self.table.get(&h)?.store;
+            Ok(self.add_counter(store, &key, delta)?.map_err(Into::into))
+        }
+
+        fn scan(
+            &mut self,
+            h: Resource<StoreHandle>,
+            start: Vec<u8>,
+            end: Option<Vec<u8>>,
+            limit: u32,
+        ) -> wasmtime::Result<Result<Vec<(Vec<u8>, Vec<u8>)>, WitError>> {
+            let store = self.table.get(&h)?.store;
+            Ok(Ok(self.scan_values(
+                store,
+                &start,
+                end.as_deref(),
+                limit as usize,
+            )?))
+        }
+
+        fn drop(&mut self, h: Resource<StoreHandle>) -> wasmtime::Result<()> {
+            self.table.delete(h)?;
+            Ok(())
+        }
+    }
+
+    impl output::Host for HostCtx {
+        fn send(
+            &mut self,
+            topic: String,
+            key: Option<Vec<u8>>,
+            value: Option<Vec<u8>>,
+            headers: Vec<types::Header>,
+        ) -> wasmtime::Result<Result<(), WitError>> {
+            let headers = headers.into_iter().map(|h| (h.key, h.value)).collect();
+            Ok(self
+                .send_output(&topic, key, value, headers, None)
+                .map_err(Into::into))
+        }
+    }
+
+    impl log::Host for HostCtx {
+        fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
+            let level = match level {
+                log::Level::Trace => tracing::Level::TRACE,
+                log::Level::Debug => tracing::Level::DEBUG,
+                log::Level::Info => tracing::Level::INFO,
+                log::Level::Warn => tracing::Level::WARN,
+                log::Level::Error => tracing::Level::ERROR,
+            };
+            self.guest_log(level, message);
+            Ok(())
+        }
     }
 }
 
-impl log::Host for HostCtx {
-    fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
-        let c = &self.cursor;
-        let lvl = match level {
-            log::Level::Trace => {
-                tracing::trace!(pipeline = %self.pipeline, topic = %c.topic, slot = c.slot, offset = c.offset, "guest: {message}");
-                "trace"
-            }
-            log::Level::Debug => {
-                tracing::debug!(pipeline = %self.pipeline, topic = %c.topic, slot = c.slot, offset = c.offset, "guest: {message}");
-                "debug"
-            }
-            log::Level::Info => {
-                tracing::info!(pipeline = %self.pipeline, topic = %c.topic, slot = c.slot, offset = c.offset, "guest: {message}");
-                "info"
-            }
-            log::Level::Warn => {
-                tracing::warn!(pipeline = %self.pipeline, topic = %c.topic, slot = c.slot, offset = c.offset, "guest: {message}");
-                "warn"
-            }
-            log::Level::Error => {
-                tracing::error!(pipeline = %self.pipeline, topic = %c.topic, slot = c.slot, offset = c.offset, "guest: {message}");
-                "error"
-            }
-        };
-        if self.logs.len() < 1000 {
-            self.logs.push(GuestLog {
-                level: lvl,
-                message,
-                cursor: self.cursor.clone(),
-            });
+/// Contract 0.2: the calls of 0.1, plus the batched `apply` and `send-batch`, range deletes,
+/// expiring entries and timers.
+mod contract_0_2 {
+    use super::*;
+    use v0_2::baton::processor::{log, output, state, timers, types};
+
+    type WitError = types::Error;
+
+    fn item_error(index: usize, e: Error) -> types::ItemError {
+        types::ItemError {
+            index: index as u32,
+            error: e.into(),
         }
-        Ok(())
     }
+
+    impl types::Host for HostCtx {}
+
+    impl state::Host for HostCtx {}
+
+    impl state::HostStore for HostCtx {
+        fn open(
+            &mut self,
+            name: String,
+        ) -> wasmtime::Result<Result<Resource<StoreHandle>, WitError>> {
+            match self.open_store(&name) {
+                Err(e) => Ok(Err(e.into())),
+                Ok(store) => Ok(Ok(self.table.push(StoreHandle { store })?)),
+            }
+        }
+
+        fn get(
+            &mut self,
+            h: Resource<StoreHandle>,
+            key: Vec<u8>,
+        ) -> wasmtime::Result<Result<Option<Vec<u8>>, WitError>> {
+            let store = self.table.get(&h)?.store;
+            Ok(Ok(self.get_value(store, &key)?))
+        }
+
+        fn get_many(
+            &mut self,
+            h: Resource<StoreHandle>,
+            keys: Vec<Vec<u8>>,
+        ) -> wasmtime::Result<Result<Vec<Option<Vec<u8>>>, WitError>> {
+            let store = self.table.get(&h)?.store;
+            let mut out = Vec::with_capacity(keys.len());
+            for k in keys {
+                out.push(self.get_value(store, &k)?);
+            }
+            Ok(Ok(out))
+        }
+
+        fn set(
+            &mut self,
+            h: Resource<StoreHandle>,
+            key: Vec<u8>,
+            value: Vec<u8>,
+        ) -> wasmtime::Result<Result<(), WitError>> {
+            let store = self.table.get(&h)?.store;
+            Ok(self.set_value(store, &key, value).map_err(Into::into))
+        }
+
+        fn set_expiring(
+            &mut self,
+            h: Resource<StoreHandle>,
+            key: Vec<u8>,
+            value: Vec<u8>,
+            expiry: state::Expiry,
+        ) -> wasmtime::Result<Result<(), WitError>> {
+            let store = self.table.get(&h)?.store;
+            let _ = (store, key, value, expiry);
+            Ok(Err(WitError::Other(
+                "set-expiring is not supported by this host yet".into(),
+            )))
+        }
+
+        fn delete(
+            &mut self,
+            h: Resource<StoreHandle>,
+            key: Vec<u8>,
+        ) -> wasmtime::Result<Result<(), WitError>> {
+            let store = self.table.get(&h)?.store;
+            self.delete_value(store, &key);
+            Ok(Ok(()))
+        }
+
+        fn delete_range(
+            &mut self,
+            h: Resource<StoreHandle>,
+            start: Vec<u8>,
+            end: Option<Vec<u8>>,
+        ) -> wasmtime::Result<Result<u64, WitError>> {
+            let store = self.table.get(&h)?.store;
+            Ok(Ok(HostCtx::delete_range(
+                self,
+                store,
+                &start,
+                end.as_deref(),
+            )?))
+        }
+
+        fn increment(
+            &mut self,
+            h: Resource<StoreHandle>,
+            key: Vec<u8>,
+            delta: i64,
+        ) -> wasmtime::Result<Result<i64, WitError>> {
+            let store = self.table.get(&h)?.store;
+            Ok(self.add_counter(store, &key, delta)?.map_err(Into::into))
+        }
+
+        fn scan(
+            &mut self,
+            h: Resource<StoreHandle>,
+            start: Vec<u8>,
+            end: Option<Vec<u8>>,
+            limit: u32,
+        ) -> wasmtime::Result<Result<Vec<(Vec<u8>, Vec<u8>)>, WitError>> {
+            let store = self.table.get(&h)?.store;
+            Ok(Ok(self.scan_values(
+                store,
+                &start,
+                end.as_deref(),
+                limit as usize,
+            )?))
+        }
+
+        fn apply(
+            &mut self,
+            h: Resource<StoreHandle>,
+            data: Vec<u8>,
+            writes: Vec<state::Write>,
+        ) -> wasmtime::Result<Result<(), types::ItemError>> {
+            let store = self.table.get(&h)?.store;
+            for (i, w) in writes.iter().enumerate() {
+                let r = match w {
+                    state::Write::Set(op) => {
+                        match (
+                            span_of(&data, op.key.start, op.key.len, "key"),
+                            span_of(&data, op.value.start, op.value.len, "value"),
+                        ) {
+                            (Ok(k), Ok(v)) => match op.expiry {
+                                None => self.set_value(store, k, v.to_vec()),
+                                Some(_) => Err(Error::Other(
+                                    "set with an expiry is not supported by this host yet".into(),
+                                )),
+                            },
+                            (Err(e), _) | (_, Err(e)) => Err(e),
+                        }
+                    }
+                    state::Write::Delete(key) => span_of(&data, key.start, key.len, "key")
+                        .map(|k| self.delete_value(store, k)),
+                    state::Write::Add(op) => {
+                        match span_of(&data, op.key.start, op.key.len, "key") {
+                            Ok(k) => self.add_counter(store, k, op.delta)?.map(drop),
+                            Err(e) => Err(e),
+                        }
+                    }
+                };
+                if let Err(e) = r {
+                    return Ok(Err(item_error(i, e)));
+                }
+            }
+            Ok(Ok(()))
+        }
+
+        fn drop(&mut self, h: Resource<StoreHandle>) -> wasmtime::Result<()> {
+            self.table.delete(h)?;
+            Ok(())
+        }
+    }
+
+    impl timers::Host for HostCtx {
+        fn schedule(
+            &mut self,
+            kind: types::TimeKind,
+            at: i64,
+            key: Vec<u8>,
+            payload: Option<Vec<u8>>,
+        ) -> wasmtime::Result<Result<(), WitError>> {
+            let _ = (kind, at, key, payload);
+            Ok(Err(WitError::Other(
+                "timers are not supported by this host yet".into(),
+            )))
+        }
+
+        fn cancel(
+            &mut self,
+            kind: types::TimeKind,
+            at: i64,
+            key: Vec<u8>,
+        ) -> wasmtime::Result<Result<bool, WitError>> {
+            let _ = (kind, at, key);
+            Ok(Ok(false))
+        }
+
+        fn event_time(&mut self) -> wasmtime::Result<i64> {
+            Ok(self.event_time)
+        }
+
+        fn processing_time(&mut self) -> wasmtime::Result<i64> {
+            Ok(now_ms())
+        }
+    }
+
+    impl output::Host for HostCtx {
+        fn send(
+            &mut self,
+            topic: String,
+            key: Option<Vec<u8>>,
+            value: Option<Vec<u8>>,
+            headers: Vec<types::Header>,
+            timestamp: Option<i64>,
+        ) -> wasmtime::Result<Result<(), WitError>> {
+            let headers = headers.into_iter().map(|h| (h.key, h.value)).collect();
+            Ok(self
+                .send_output(&topic, key, value, headers, timestamp)
+                .map_err(Into::into))
+        }
+
+        fn send_batch(
+            &mut self,
+            data: Vec<u8>,
+            records: Vec<output::OutRecord>,
+            headers: Vec<types::HeaderEntry>,
+        ) -> wasmtime::Result<Result<(), types::ItemError>> {
+            let one = |r: &output::OutRecord| -> Result<_, Error> {
+                let topic = span_of(&data, r.topic.start, r.topic.len, "topic")?;
+                let topic = std::str::from_utf8(topic)
+                    .map_err(|_| Error::InvalidInput("the topic name is not UTF-8".into()))?;
+                let opt = |s: Option<types::Span>, what| {
+                    s.map(|s| span_of(&data, s.start, s.len, what).map(<[u8]>::to_vec))
+                        .transpose()
+                };
+                let key = opt(r.key, "key")?;
+                let value = opt(r.value, "value")?;
+                let hs = span_of_items(&headers, r.headers)?;
+                let mut hv = Vec::with_capacity(hs.len());
+                for h in hs {
+                    let name = span_of(&data, h.name.start, h.name.len, "header name")?;
+                    let name = String::from_utf8(name.to_vec())
+                        .map_err(|_| Error::InvalidInput("a header name is not UTF-8".into()))?;
+                    let value = span_of(&data, h.value.start, h.value.len, "header value")?;
+                    hv.push((name, value.to_vec()));
+                }
+                Ok((topic, key, value, hv))
+            };
+            for (i, r) in records.iter().enumerate() {
+                let sent = one(r).and_then(|(topic, key, value, hv)| {
+                    self.send_output(topic, key, value, hv, r.timestamp)
+                });
+                if let Err(e) = sent {
+                    return Ok(Err(item_error(i, e)));
+                }
+            }
+            Ok(Ok(()))
+        }
+    }
+
+    /// The items a span of a batched call names in one of its lists.
+    fn span_of_items<T>(items: &[T], s: types::Span) -> Result<&[T], Error> {
+        let (a, n) = (s.start as usize, s.len as usize);
+        a.checked_add(n)
+            .and_then(|e| items.get(a..e))
+            .ok_or_else(|| {
+                Error::InvalidInput(format!(
+                    "headers span items {a}..{} but the call has {}",
+                    a as u64 + n as u64,
+                    items.len()
+                ))
+            })
+    }
+
+    impl log::Host for HostCtx {
+        fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
+            let level = match level {
+                log::Level::Trace => tracing::Level::TRACE,
+                log::Level::Debug => tracing::Level::DEBUG,
+                log::Level::Info => tracing::Level::INFO,
+                log::Level::Warn => tracing::Level::WARN,
+                log::Level::Error => tracing::Level::ERROR,
+            };
+            self.guest_log(level, message);
+            Ok(())
+        }
+    }
+}
+
+/// The wall clock in milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }

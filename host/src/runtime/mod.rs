@@ -15,14 +15,16 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, Store};
 
-use bindings::{Processor, ProcessorPre, baton::processor::types};
-pub use host::{Cursor, GuestLog, HostCtx, Output, OutputTopic, WriteLimits};
+use bindings::{v0_1, v0_2};
+pub use host::{Cursor, GuestError, GuestLog, HostCtx, Output, OutputTopic, WriteLimits};
 pub use native::{NativeFactory, NativeModule, NativeProcessor, NativeStore};
 
 /// The WIT package this host speaks.
 pub const WIT_PACKAGE: &str = "baton:processor";
-/// Its version.
-pub const WIT_VERSION: &str = "0.1.0";
+/// The version of it that `baton-sdk` builds for (`wit/`).
+pub const WIT_VERSION: &str = "0.2.0";
+/// Every version this host serves, newest first; a component may be built for any `0.x` of one.
+pub const WIT_VERSIONS: [&str; 2] = ["0.2.0", "0.1.0"];
 
 /// How often the engine's epoch advances; CPU limits are counted in these ticks.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -42,18 +44,23 @@ pub enum ModuleError {
     /// The component does not validate or compile.
     #[error("invalid component: {0}")]
     Invalid(String),
-    /// Built against another major version of the contract.
+    /// Built against a version of the contract this host does not serve.
     #[error(
-        "the component was built for {WIT_PACKAGE}@{found}, but this host speaks {WIT_PACKAGE}@{WIT_VERSION}; \
-         rebuild it against baton-sdk for {WIT_VERSION}"
+        "the component was built for {WIT_PACKAGE}@{found}, but this host speaks {WIT_PACKAGE}@0.1.x \
+         and @0.2.x; rebuild it against baton-sdk for {WIT_VERSION}"
     )]
     IncompatibleVersion {
         /// The version the component names.
         found: String,
     },
     /// The component targets another world.
-    #[error("the component does not fit the {WIT_PACKAGE}/processor@{WIT_VERSION} world: {0}")]
-    WrongWorld(String),
+    #[error("the component does not fit the {WIT_PACKAGE}/processor@{version} world: {why}")]
+    WrongWorld {
+        /// The contract version it was checked against.
+        version: &'static str,
+        /// What does not fit.
+        why: String,
+    },
     /// The compiled-code cache could not be written.
     #[error("compiled-code cache: {0}")]
     Cache(String),
@@ -71,7 +78,8 @@ pub struct Module {
 
 #[derive(Clone)]
 enum Code {
-    Wasm(ProcessorPre<HostCtx>),
+    V0_1(v0_1::ProcessorPre<HostCtx>),
+    V0_2(v0_2::ProcessorPre<HostCtx>),
     Native(NativeFactory),
 }
 
@@ -83,6 +91,16 @@ impl Module {
             size: 0,
             code: Code::Native(m.factory.clone()),
         }
+    }
+
+    /// The contract the module speaks, e.g. `baton:processor@0.2.0` (native modules speak the
+    /// newest).
+    pub fn wit(&self) -> String {
+        let version = match self.code {
+            Code::V0_1(_) => "0.1.0",
+            Code::V0_2(_) | Code::Native(_) => "0.2.0",
+        };
+        format!("{WIT_PACKAGE}@{version}")
     }
 }
 
@@ -109,7 +127,11 @@ impl Runtime {
         let engine = Engine::new(&cfg)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
-        Processor::add_to_linker::<HostCtx, wasmtime::component::HasSelf<HostCtx>>(
+        v0_1::Processor::add_to_linker::<HostCtx, wasmtime::component::HasSelf<HostCtx>>(
+            &mut linker,
+            |s| s,
+        )?;
+        v0_2::Processor::add_to_linker::<HostCtx, wasmtime::component::HasSelf<HostCtx>>(
             &mut linker,
             |s| s,
         )?;
@@ -147,17 +169,21 @@ impl Runtime {
         }
         let sha256 = sha256_hex(bytes);
         let component = self.compile_cached(&sha256, bytes)?;
-        self.check_version(&component)?;
-        let instance_pre = self
-            .linker
-            .instantiate_pre(&component)
-            .map_err(|e| ModuleError::WrongWorld(format!("{e:#}")))?;
-        let pre = ProcessorPre::new(instance_pre)
-            .map_err(|e| ModuleError::WrongWorld(format!("{e:#}")))?;
+        let version = self.check_version(&component)?;
+        let wrong = |e: wasmtime::Error| ModuleError::WrongWorld {
+            version,
+            why: format!("{e:#}"),
+        };
+        let instance_pre = self.linker.instantiate_pre(&component).map_err(wrong)?;
+        let code = if version == "0.1.0" {
+            Code::V0_1(v0_1::ProcessorPre::new(instance_pre).map_err(wrong)?)
+        } else {
+            Code::V0_2(v0_2::ProcessorPre::new(instance_pre).map_err(wrong)?)
+        };
         Ok(Module {
             sha256,
             size: bytes.len(),
-            code: Code::Wasm(pre),
+            code,
         })
     }
 
@@ -194,17 +220,29 @@ impl Runtime {
         Ok(component)
     }
 
-    fn check_version(&self, component: &Component) -> Result<(), ModuleError> {
+    /// The contract version the component was built for, one of [`WIT_VERSIONS`]: every name
+    /// of the package it imports or exports must be of a version compatible with the same one.
+    /// A component that names none is checked against the newest (and fails to fit it).
+    fn check_version(&self, component: &Component) -> Result<&'static str, ModuleError> {
         let ty = component.component_type();
         let names = ty
             .imports(&self.engine)
             .map(|(n, _)| n.to_string())
             .chain(ty.exports(&self.engine).map(|(n, _)| n.to_string()));
         let prefix = format!("{WIT_PACKAGE}/");
+        let mut chosen: Option<&'static str> = None;
         for name in names {
-            if let Some(rest) = name.strip_prefix(&prefix) {
-                let version = rest.split_once('@').map(|(_, v)| v).unwrap_or("");
-                if !semver_compatible(version, WIT_VERSION) {
+            let Some(rest) = name.strip_prefix(&prefix) else {
+                continue;
+            };
+            let version = rest.split_once('@').map(|(_, v)| v).unwrap_or("");
+            let fits = WIT_VERSIONS
+                .into_iter()
+                .find(|want| semver_compatible(version, want));
+            match (fits, chosen) {
+                (Some(v), None) => chosen = Some(v),
+                (Some(v), Some(c)) if v == c => {}
+                _ => {
                     return Err(ModuleError::IncompatibleVersion {
                         found: if version.is_empty() {
                             "(no version)".into()
@@ -215,26 +253,31 @@ impl Runtime {
                 }
             }
         }
-        Ok(())
+        Ok(chosen.unwrap_or(WIT_VERSION))
     }
 
     /// A fresh instance of `module` over `ctx`.
     pub fn instantiate(&self, module: &Module, ctx: HostCtx) -> anyhow::Result<Instance> {
-        let pre = match &module.code {
-            Code::Wasm(pre) => pre,
-            Code::Native(factory) => {
-                return Ok(Instance {
-                    inner: Inner::Native(Box::new(ctx), factory()),
-                });
+        let new_store = |ctx| {
+            let mut store = Store::new(&self.engine, ctx);
+            store.limiter(|c: &mut HostCtx| c.limiter());
+            store.set_epoch_deadline(u64::MAX / 2);
+            store
+        };
+        let inner = match &module.code {
+            Code::Native(factory) => Inner::Native(Box::new(ctx), factory()),
+            Code::V0_1(pre) => {
+                let mut store = new_store(ctx);
+                let p = pre.instantiate(&mut store)?;
+                Inner::V0_1(store, p)
+            }
+            Code::V0_2(pre) => {
+                let mut store = new_store(ctx);
+                let p = pre.instantiate(&mut store)?;
+                Inner::V0_2(store, p, Box::default())
             }
         };
-        let mut store = Store::new(&self.engine, ctx);
-        store.limiter(|c| c.limiter());
-        store.set_epoch_deadline(u64::MAX / 2);
-        let processor = pre.instantiate(&mut store)?;
-        Ok(Instance {
-            inner: Inner::Wasm(store, processor),
-        })
+        Ok(Instance { inner })
     }
 }
 
@@ -256,8 +299,76 @@ pub struct Instance {
 }
 
 enum Inner {
-    Wasm(Store<HostCtx>, Processor),
+    V0_1(Store<HostCtx>, v0_1::Processor),
+    V0_2(Store<HostCtx>, v0_2::Processor, Box<BatchBuffer>),
     Native(Box<HostCtx>, Box<dyn NativeProcessor>),
+}
+
+/// The batch of contract 0.2, kept between calls so that its buffers are reused.
+struct BatchBuffer(v0_2::baton::processor::types::Batch);
+
+impl Default for BatchBuffer {
+    fn default() -> Self {
+        BatchBuffer(v0_2::baton::processor::types::Batch {
+            topic: String::new(),
+            slot: 0,
+            event_time: -1,
+            data: Vec::new(),
+            records: Vec::new(),
+            headers: Vec::new(),
+        })
+    }
+}
+
+/// A word of a batch's tables for `len` bytes from `start`.
+fn span_word(start: usize, len: usize) -> u64 {
+    ((start as u64) << 32) | len as u64
+}
+
+/// The word of a missing key or value.
+const NONE_WORD: u64 = u64::MAX;
+
+impl BatchBuffer {
+    /// Lays `msgs` (one slot's records) out as one data buffer and two tables of words (see
+    /// `batch` in `wit/types.wit`).
+    fn fill(&mut self, msgs: &[Message], event_time: i64) {
+        let b = &mut self.0;
+        b.data.clear();
+        b.records.clear();
+        b.headers.clear();
+        b.event_time = event_time;
+        let Some(first) = msgs.first() else {
+            return;
+        };
+        if b.topic != first.topic {
+            b.topic.clone_from(&first.topic);
+        }
+        b.slot = first.slot;
+        b.records.reserve(msgs.len() * 5);
+        let data = &mut b.data;
+        let mut put = |bytes: &[u8]| {
+            let start = data.len();
+            data.extend_from_slice(bytes);
+            span_word(start, bytes.len())
+        };
+        for m in msgs {
+            let key = m.key.as_deref().map_or(NONE_WORD, &mut put);
+            let value = m.value.as_deref().map_or(NONE_WORD, &mut put);
+            let first_header = b.headers.len() / 2;
+            for h in &m.headers {
+                let name = put(h.key.as_bytes());
+                let value = put(&h.value);
+                b.headers.extend([name, value]);
+            }
+            b.records.extend([
+                m.offset,
+                m.timestamp as u64,
+                key,
+                value,
+                span_word(first_header, m.headers.len()),
+            ]);
+        }
+    }
 }
 
 /// How a guest call ended, when it did not succeed.
@@ -278,90 +389,104 @@ impl std::fmt::Display for CallError {
     }
 }
 
-/// A readable form of a guest error.
-pub fn describe(e: &types::Error) -> String {
-    match e {
-        types::Error::NoSuchStore(s) => format!("no-such-store: {s}"),
-        types::Error::NoSuchTopic(s) => format!("no-such-topic: {s}"),
-        types::Error::InvalidValue(s) => format!("invalid-value: {s}"),
-        types::Error::InvalidInput(s) => format!("invalid-input: {s}"),
-        types::Error::Other(s) => s.clone(),
+/// The host's record type: contract 0.1's `message`, which the partition loop builds and
+/// contract 0.2 lays out as a batch.
+pub use v0_1::baton::processor::types::{Header, Message};
+
+/// The result of a guest call, in the host's terms.
+fn outcome<E: Into<GuestError>>(
+    r: wasmtime::Result<Result<(), E>>,
+    trap: impl FnOnce(wasmtime::Error) -> String,
+) -> Result<(), CallError> {
+    match r {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(CallError::Guest(e.into().to_string())),
+        Err(t) => Err(CallError::Trap(trap(t))),
     }
 }
-
-pub use types::{Header, Message};
 
 impl Instance {
     /// The host context.
     pub fn ctx(&mut self) -> &mut HostCtx {
         match &mut self.inner {
-            Inner::Wasm(store, _) => store.data_mut(),
+            Inner::V0_1(store, _) | Inner::V0_2(store, ..) => store.data_mut(),
             Inner::Native(ctx, _) => ctx,
         }
     }
 
     /// Calls `init` with the pipeline config.
     pub fn init(&mut self, config: &[(String, String)]) -> Result<(), CallError> {
-        let (store, processor) = match &mut self.inner {
-            Inner::Wasm(store, processor) => (store, processor),
-            Inner::Native(ctx, p) => return p.init(ctx, config).map_err(CallError::Guest),
-        };
-        store.set_epoch_deadline(u64::MAX / 2);
-        match processor
-            .baton_processor_handler()
-            .call_init(&mut *store, config)
-        {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(CallError::Guest(describe(&e))),
-            Err(t) => Err(CallError::Trap(self.trap_message(t))),
-        }
-    }
-
-    /// A one-line account of a trap: its kind and what the guest wrote to stderr (e.g. a panic).
-    fn trap_message(&self, t: wasmtime::Error) -> String {
-        let what = match t.downcast_ref::<wasmtime::Trap>() {
-            Some(wasmtime::Trap::Interrupt) => "CPU time limit per call exceeded".to_string(),
-            Some(trap) => trap.to_string(),
-            None => format!("{t:#}")
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .to_string(),
-        };
-        let tail = match &self.inner {
-            Inner::Wasm(store, _) => store.data().stderr_tail(),
-            Inner::Native(ctx, _) => ctx.stderr_tail(),
-        };
-        if tail.is_empty() {
-            what
-        } else {
-            format!("{what}; guest stderr: {tail}")
+        match &mut self.inner {
+            Inner::Native(ctx, p) => p.init(ctx, config).map_err(CallError::Guest),
+            Inner::V0_1(store, p) => {
+                store.set_epoch_deadline(u64::MAX / 2);
+                outcome(
+                    p.baton_processor_handler().call_init(&mut *store, config),
+                    |t| trap_message(store.data(), t),
+                )
+            }
+            Inner::V0_2(store, p, _) => {
+                store.set_epoch_deadline(u64::MAX / 2);
+                outcome(
+                    p.baton_processor_handler().call_init(&mut *store, config),
+                    |t| trap_message(store.data(), t),
+                )
+            }
         }
     }
 
     /// Calls `process` on one slot's records with a CPU budget of `ticks` epoch ticks.
     pub fn process(&mut self, batch: &[Message], ticks: u64) -> Result<(), CallError> {
-        let (store, processor) = match &mut self.inner {
-            Inner::Wasm(store, processor) => (store, processor),
-            Inner::Native(ctx, p) => return p.process(ctx, batch).map_err(CallError::Guest),
-        };
-        store.set_epoch_deadline(ticks);
-        match processor
-            .baton_processor_handler()
-            .call_process(&mut *store, batch)
-        {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(CallError::Guest(describe(&e))),
-            Err(t) => Err(CallError::Trap(self.trap_message(t))),
+        match &mut self.inner {
+            Inner::Native(ctx, p) => p.process(ctx, batch).map_err(CallError::Guest),
+            Inner::V0_1(store, p) => {
+                store.set_epoch_deadline(ticks);
+                let r = p.baton_processor_handler().call_process(&mut *store, batch);
+                outcome(r, |t| trap_message(store.data(), t))
+            }
+            Inner::V0_2(store, p, buf) => {
+                let ctx = store.data_mut();
+                if let Some(first) = batch.first() {
+                    let seen = batch.iter().map(|m| m.timestamp).max().unwrap_or(-1);
+                    let et = ctx.event_times.entry(first.slot).or_insert(-1);
+                    *et = (*et).max(seen);
+                    ctx.event_time = *et;
+                }
+                buf.fill(batch, ctx.event_time);
+                store.set_epoch_deadline(ticks);
+                let r = p
+                    .baton_processor_handler()
+                    .call_process(&mut *store, &buf.0);
+                outcome(r, |t| trap_message(store.data(), t))
+            }
         }
     }
 
     /// Gives back the host context, ending the instance.
     pub fn into_ctx(self) -> HostCtx {
         match self.inner {
-            Inner::Wasm(store, _) => store.into_data(),
+            Inner::V0_1(store, _) | Inner::V0_2(store, ..) => store.into_data(),
             Inner::Native(ctx, _) => *ctx,
         }
+    }
+}
+
+/// A one-line account of a trap: its kind and what the guest wrote to stderr (e.g. a panic).
+fn trap_message(ctx: &HostCtx, t: wasmtime::Error) -> String {
+    let what = match t.downcast_ref::<wasmtime::Trap>() {
+        Some(wasmtime::Trap::Interrupt) => "CPU time limit per call exceeded".to_string(),
+        Some(trap) => trap.to_string(),
+        None => format!("{t:#}")
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string(),
+    };
+    let tail = ctx.stderr_tail();
+    if tail.is_empty() {
+        what
+    } else {
+        format!("{what}; guest stderr: {tail}")
     }
 }
 
@@ -374,6 +499,8 @@ mod tests {
         assert!(semver_compatible("0.1.0", "0.1.0"));
         assert!(semver_compatible("0.1.7", "0.1.0"));
         assert!(!semver_compatible("0.2.0", "0.1.0"));
+        assert!(semver_compatible("0.2.3", "0.2.0"));
+        assert!(!semver_compatible("0.3.0", "0.2.0"));
         assert!(!semver_compatible("", "0.1.0"));
         assert!(semver_compatible("1.3.0", "1.0.0"));
     }

@@ -7,11 +7,8 @@
 
 use std::sync::Arc;
 
-use wasmtime::component::Resource;
-
-use super::bindings::baton::processor::{output, state, types};
-use super::host::{HostCtx, StoreHandle};
-use super::{Message, describe};
+use super::host::HostCtx;
+use super::{Header, Message};
 
 /// A processor compiled into the host.
 pub trait NativeProcessor: Send {
@@ -53,35 +50,25 @@ impl NativeModule {
 }
 
 /// An open store of a native processor.
-pub struct NativeStore(u32);
-
-fn host_err(e: wasmtime::Error) -> String {
-    format!("{e:#}")
-}
+pub struct NativeStore(usize);
 
 impl HostCtx {
     /// Opens a declared store (what a component's `store.open` does).
     pub fn native_open(&mut self, name: &str) -> Result<NativeStore, String> {
-        let r = state::HostStore::open(self, name.to_string()).map_err(host_err)?;
-        r.map(|h| NativeStore(h.rep())).map_err(|e| describe(&e))
-    }
-
-    fn borrow(s: &NativeStore) -> Resource<StoreHandle> {
-        Resource::new_borrow(s.0)
+        self.open_store(name)
+            .map(NativeStore)
+            .map_err(|e| e.to_string())
     }
 
     /// `store.get`.
     pub fn native_get(&mut self, s: &NativeStore, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
-        state::HostStore::get(self, Self::borrow(s), key.to_vec())
-            .map_err(host_err)?
-            .map_err(|e| describe(&e))
+        self.get_value(s.0, key).map_err(host_err)
     }
 
     /// `store.set`.
     pub fn native_set(&mut self, s: &NativeStore, key: &[u8], value: &[u8]) -> Result<(), String> {
-        state::HostStore::set(self, Self::borrow(s), key.to_vec(), value.to_vec())
-            .map_err(host_err)?
-            .map_err(|e| describe(&e))
+        self.set_value(s.0, key, value.to_vec())
+            .map_err(|e| e.to_string())
     }
 
     /// `store.increment`.
@@ -91,9 +78,9 @@ impl HostCtx {
         key: &[u8],
         delta: i64,
     ) -> Result<i64, String> {
-        state::HostStore::increment(self, Self::borrow(s), key.to_vec(), delta)
+        self.add_counter(s.0, key, delta)
             .map_err(host_err)?
-            .map_err(|e| describe(&e))
+            .map_err(|e| e.to_string())
     }
 
     /// `output.send`.
@@ -102,16 +89,23 @@ impl HostCtx {
         topic: &str,
         key: Option<&[u8]>,
         value: Option<&[u8]>,
-        headers: &[types::Header],
+        headers: &[Header],
     ) -> Result<(), String> {
-        output::Host::send(
-            self,
-            topic.to_string(),
+        let headers = headers
+            .iter()
+            .map(|h| (h.key.clone(), h.value.clone()))
+            .collect();
+        self.send_output(
+            topic,
             key.map(<[u8]>::to_vec),
             value.map(<[u8]>::to_vec),
-            headers.to_vec(),
+            headers,
+            None,
         )
-        .map_err(host_err)?
-        .map_err(|e| describe(&e))
+        .map_err(|e| e.to_string())
     }
+}
+
+fn host_err(e: wasmtime::Error) -> String {
+    format!("{e:#}")
 }

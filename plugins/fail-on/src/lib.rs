@@ -5,11 +5,11 @@ use baton_sdk::{Config, Context, Error, Message, Result};
 /// a failed record's writes are discarded.
 #[baton_sdk::processor(init = setup)]
 fn process(msg: &Message, ctx: &mut Context) -> Result<()> {
-    if let Some(key) = &msg.key {
+    if let Some(key) = msg.key {
         ctx.increment("counts", key, 1)?;
     }
     let poison = ctx.config().require("value")?.as_bytes().to_vec();
-    if msg.value.as_deref() == Some(poison.as_slice()) {
+    if msg.value == Some(poison.as_slice()) {
         match ctx.config().get("mode").unwrap_or("error") {
             "trap" => panic!("fail-on: poison value at offset {}", msg.offset),
             _ => {

@@ -4,10 +4,10 @@ use baton_sdk::{Context, Message, Result};
 
 #[baton_sdk::processor]
 fn process(msg: &Message, ctx: &mut Context) -> Result<()> {
-    if let Some(key) = &msg.key {
+    if let Some(key) = msg.key {
         ctx.increment("counts", key, 1)?;
     }
-    if msg.value.as_deref() == Some(b"hog") {
+    if msg.value == Some(b"hog") {
         let mut held: Vec<Vec<u8>> = Vec::new();
         loop {
             // 16 MiB at a time, touched so that it is really used.

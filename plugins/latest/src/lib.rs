@@ -5,12 +5,12 @@ use baton_sdk::{Context, Message, Result};
 
 #[baton_sdk::processor]
 fn process(msg: &Message, ctx: &mut Context) -> Result<()> {
-    let Some(key) = &msg.key else {
+    let Some(key) = msg.key else {
         return Ok(());
     };
     let old = ctx.get("values", key)?;
-    match &msg.value {
-        Some(v) if old.as_deref() != Some(v.as_slice()) => {
+    match msg.value {
+        Some(v) if old.as_deref() != Some(v) => {
             ctx.set("values", key, v)?;
             ctx.increment("changes", key, 1)?;
         }

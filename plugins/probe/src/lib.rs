@@ -9,7 +9,7 @@ use baton_sdk::{Context, Message, Result};
 
 #[baton_sdk::processor]
 fn process(msg: &Message, ctx: &mut Context) -> Result<()> {
-    let Some(key) = &msg.key else {
+    let Some(key) = msg.key else {
         return Ok(());
     };
     let time = std::time::SystemTime::now()

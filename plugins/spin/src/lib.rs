@@ -7,10 +7,10 @@ use baton_sdk::{Context, Message, Result};
 
 #[baton_sdk::processor]
 fn process(msg: &Message, ctx: &mut Context) -> Result<()> {
-    if let Some(key) = &msg.key {
+    if let Some(key) = msg.key {
         ctx.increment("counts", key, 1)?;
     }
-    let value = msg.value.as_deref().unwrap_or_default();
+    let value = msg.value.unwrap_or_default();
     if value == b"loop" {
         spin_forever(msg.offset);
     }

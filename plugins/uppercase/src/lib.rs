@@ -9,7 +9,7 @@ fn process(msg: &Message, ctx: &mut Context) -> Result<()> {
         .value
         .as_ref()
         .map(|v| String::from_utf8_lossy(v).to_uppercase().into_bytes());
-    ctx.send_with_headers(&topic, msg.key.as_deref(), value.as_deref(), &msg.headers)
+    ctx.send_with_headers(&topic, msg.key, value.as_deref(), msg.headers())
 }
 
 fn setup(config: &Config) -> Result<()> {

@@ -5,8 +5,8 @@ use baton_sdk::{Context, Message, Result};
 /// Kafka Streams' `groupByKey` drops them.
 #[baton_sdk::processor]
 fn process(msg: &Message, ctx: &mut Context) -> Result<()> {
-    if let Some(key) = &msg.key {
-        ctx.increment("counts", key, 1)?;
+    if let Some(key) = msg.key {
+        ctx.add("counts", key, 1)?;
     }
     Ok(())
 }
