@@ -278,7 +278,8 @@ struct Flow {
     sent: Arc<Mutex<Vec<(String, String)>>>,
 }
 
-async fn deploy(api: &Api, guarantee: &str) -> anyhow::Result<Flow> {
+/// Deploys word-count and uppercase built for `contract` ("0.2" or "0.1").
+async fn deploy(api: &Api, guarantee: &str, contract: &str) -> anyhow::Result<Flow> {
     let flow = Flow {
         input: unique("in"),
         output: unique("out"),
@@ -286,8 +287,13 @@ async fn deploy(api: &Api, guarantee: &str) -> anyhow::Result<Flow> {
         up: unique("up"),
         sent: Arc::new(Mutex::new(Vec::new())),
     };
-    api.upload_plugin("word-count", "word-count", "1").await?;
-    api.upload_plugin("uppercase", "uppercase", "1").await?;
+    let suffix = if contract == "0.1" { "-v01" } else { "" };
+    for plugin in ["word-count", "uppercase"] {
+        let m = api
+            .upload_plugin(&format!("{plugin}{suffix}"), plugin, "1")
+            .await?;
+        assert_eq!(m["wit"], format!("baton:processor@{contract}.0"), "{m}");
+    }
     api.create_pipeline(json!({
         "name": flow.wc, "module": "word-count", "version": "1", "inputs": [flow.input],
         "stores": ["counts"], "slots": 8, "partitions": 3, "guarantee": guarantee
@@ -385,16 +391,18 @@ fn kill_flags(bootstrap: &str) -> [&str; 4] {
     ["--kafka", bootstrap, "--max-batch", "500"]
 }
 
-/// Starts a child host with both pipelines under `guarantee`, produces while killing it 3
-/// times, then stops producing; returns the last host, the flow and every record sent.
+/// Starts a child host with both pipelines under `guarantee`, built for `contract`, produces
+/// while killing it 3 times, then stops producing; returns the last host, the flow and every
+/// record sent.
 async fn run_with_three_kills(
     dir: &std::path::Path,
     guarantee: &str,
+    contract: &str,
 ) -> anyhow::Result<(ChildHost, Flow, Vec<(String, String)>)> {
     let bootstrap = kafka_bootstrap();
     let flags = kill_flags(&bootstrap);
     let host = ChildHost::start(dir, &flags).await?;
-    let flow = deploy(&host.api, guarantee).await?;
+    let flow = deploy(&host.api, guarantee, contract).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let producer = produce_until(&flow, stop.clone());
     let host = kill_three_times(dir, &flags, host, &flow).await?;
@@ -417,7 +425,7 @@ fn multiset(records: Vec<(String, String)>) -> BTreeMap<(String, String), usize>
 async fn exactly_once_survives_three_kill_9_and_the_loss_of_the_data_dir() -> anyhow::Result<()> {
     let _k = kafka_lock().await;
     let dir = tempfile::tempdir()?;
-    let (host, flow, sent) = run_with_three_kills(dir.path(), "exactly-once").await?;
+    let (host, flow, sent) = run_with_three_kills(dir.path(), "exactly-once", "0.2").await?;
     assert!(sent.len() >= 4_000, "only {} records were sent", sent.len());
     wait_both(&host.api, &flow, sent.len() as u64).await?;
 
@@ -451,11 +459,12 @@ async fn exactly_once_survives_three_kill_9_and_the_loss_of_the_data_dir() -> an
     host.terminate()
 }
 
+/// With components built for contract 0.1, which the host keeps serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_least_once_loses_nothing_across_three_kill_9() -> anyhow::Result<()> {
     let _k = kafka_lock().await;
     let dir = tempfile::tempdir()?;
-    let (host, flow, sent) = run_with_three_kills(dir.path(), "at-least-once").await?;
+    let (host, flow, sent) = run_with_three_kills(dir.path(), "at-least-once", "0.1").await?;
     wait_both(&host.api, &flow, sent.len() as u64).await?;
 
     let expected = count(sent.iter().map(|(k, _)| k.as_str()));

@@ -3,6 +3,7 @@
 
 mod api;
 mod cli;
+mod contracts;
 mod dead_letters;
 mod faults;
 mod http_errors;

@@ -1,6 +1,7 @@
 //! Hot swap: `PUT /api/v1/pipelines/{p}/module` switches every partition at a batch boundary
-//! under continuous load with exact counts (embedded log and Kafka); a version whose `init` fails
-//! or whose records fail is rolled back by itself, and the reason is recorded.
+//! under continuous load with exact counts (embedded log and Kafka), also between components of
+//! contracts 0.1 and 0.2 over the same state; a version whose `init` fails or whose records fail
+//! is rolled back by itself, and the reason is recorded.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,12 +13,20 @@ use baton_tests::{
 };
 use serde_json::{Value, json};
 
-/// Uploads word-count as version 1 and the same code with another sha256 as version 2.
-async fn two_versions(api: &Api) -> anyhow::Result<()> {
-    let v1 = plugin_bytes("word-count");
-    let v2 = with_custom_section(v1.clone(), "baton-test", b"version 2");
-    api.upload_bytes(v1, "word-count", "1").await?;
-    api.upload_bytes(v2, "word-count", "2").await?;
+/// Uploads word-count as version 1 and version 2: the same 0.2 component with another sha256,
+/// or with `across_contracts` the 0.1 build of the same logic as version 1.
+async fn two_versions(api: &Api, across_contracts: bool) -> anyhow::Result<()> {
+    let v2 = plugin_bytes("word-count");
+    let v1 = if across_contracts {
+        plugin_bytes("word-count-v01")
+    } else {
+        with_custom_section(v2.clone(), "baton-test", b"version 1")
+    };
+    let m1 = api.upload_bytes(v1, "word-count", "1").await?;
+    let m2 = api.upload_bytes(v2, "word-count", "2").await?;
+    let contract = if across_contracts { "0.1.0" } else { "0.2.0" };
+    assert_eq!(m1["wit"], format!("baton:processor@{contract}"), "{m1}");
+    assert_eq!(m2["wit"], "baton:processor@0.2.0", "{m2}");
     Ok(())
 }
 
@@ -41,13 +50,14 @@ fn percentile(sorted: &[u64], q: f64) -> u64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
-/// 20 swaps back and forth while records flow; every count exact afterwards.
+/// 20 swaps back and forth while records flow; every count exact afterwards. On the embedded
+/// log the two versions are builds for contracts 0.1 and 0.2 counting into the same store.
 async fn swaps_under_load(kafka: bool) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let bootstrap = kafka_bootstrap();
     let host = InProcess::start_with(dir.path(), kafka.then_some(bootstrap.as_str())).await?;
     let api = host.api.clone();
-    two_versions(&api).await?;
+    two_versions(&api, !kafka).await?;
     let (name, input) = (unique("swap"), unique("words"));
     api.create_pipeline(json!({
         "name": name, "module": "word-count", "version": "1", "inputs": [input],
