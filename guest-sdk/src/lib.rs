@@ -317,7 +317,8 @@ impl Context {
         self.timestamp
     }
 
-    /// The slot's event time: the highest record timestamp seen in it, this batch included.
+    /// The slot's event time: the highest record timestamp seen in it, up to and including the
+    /// record being processed (in a timer callback: with the whole batch counted).
     pub fn event_time(&self) -> i64 {
         self.event_time
     }
@@ -585,6 +586,7 @@ pub mod __private {
                         data: &batch.data,
                     };
                     ctx.timestamp = msg.timestamp;
+                    ctx.event_time = ctx.event_time.max(msg.timestamp);
                     f(&msg, ctx)?;
                 }
                 Ok(())

@@ -680,7 +680,7 @@ impl Baton {
             .chain([(dlq.clone(), TopicKind::DeadLetters)])
             .collect();
         if self.kafka.is_some() {
-            topics.extend(spec.stores.iter().map(|s| {
+            topics.extend(spec.state_stores().iter().map(|s| {
                 (
                     changelog_topic(&self.config.cluster, &spec.name, s),
                     TopicKind::Compacted,
@@ -879,7 +879,7 @@ impl Baton {
         if purge {
             let mut topics: Vec<String> = record
                 .spec
-                .stores
+                .state_stores()
                 .iter()
                 .map(|s| record.changelog_topic(s))
                 .filter(|_| self.kafka.is_some())
@@ -1397,6 +1397,7 @@ impl Baton {
         let mut limits = WriteLimits {
             max_key_bytes: spec.limits.max_key_bytes as usize,
             max_value_bytes: spec.limits.max_value_bytes as usize,
+            max_timers: spec.limits.max_timers,
             ..WriteLimits::default()
         };
         for t in spec.outputs.iter().chain([&record.dlq_topic()]) {
@@ -1414,8 +1415,15 @@ impl Baton {
             );
         }
         if self.kafka.is_some() {
-            for s in &spec.stores {
+            for s in &spec.state_stores() {
                 let changelog = record.changelog_topic(s);
+                // Pipelines created before the host kept a store of its own lack its changelog.
+                if s == crate::cluster::pipeline::TIME_STORE
+                    && self.transport.partitions(&changelog)?.is_none()
+                {
+                    self.transport
+                        .ensure_topic(&changelog, spec.slots, TopicKind::Compacted)?;
+                }
                 limits
                     .changelog_record_bytes
                     .push(self.transport.max_record_bytes(&changelog)?);
@@ -1460,7 +1468,7 @@ impl Baton {
                 .join("state")
                 .join(&spec.name)
                 .join(&id);
-            let db = Arc::new(self.state.open_partition(&path, &spec.stores)?);
+            let db = Arc::new(self.state.open_partition(&path, &spec.state_stores())?);
             let status = Arc::new(PartitionStatus::new());
             let stop = Arc::new(AtomicBool::new(false));
             let io: IoFactory = {

@@ -91,6 +91,20 @@ pub struct PipelineSpec {
     pub commit_interval_ms: u64,
 }
 
+/// The host's own store of every pipeline: each slot's event time, its timers and the expiry
+/// index of entries written with an expiry. It commits and goes through its changelog like the
+/// declared stores, so time survives restarts, restores and moves with the state.
+pub const TIME_STORE: &str = "__time";
+
+impl PipelineSpec {
+    /// Every store a partition keeps: the declared ones, then [`TIME_STORE`].
+    pub fn state_stores(&self) -> Vec<String> {
+        let mut all = self.stores.clone();
+        all.push(TIME_STORE.to_string());
+        all
+    }
+}
+
 /// Limits of a pipeline's instances. A guest over a limit traps; the record goes to the DLQ.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -106,6 +120,9 @@ pub struct GuestLimits {
     /// Most bytes of a state value (default 1,000,000; on Kafka also at most what the store's
     /// changelog topic takes). A larger value gets a `too-large` error.
     pub max_value_bytes: u64,
+    /// Most timers pending per slot (default 100,000). Scheduling one more gets a `limit`
+    /// error.
+    pub max_timers: u64,
 }
 
 impl Default for GuestLimits {
@@ -115,6 +132,7 @@ impl Default for GuestLimits {
             cpu_ms: 10_000,
             max_key_bytes: 4096,
             max_value_bytes: 1_000_000,
+            max_timers: 100_000,
         }
     }
 }
@@ -163,6 +181,17 @@ impl PipelineSpec {
                     "invalid store name `{s}`: use 1 to 64 ASCII letters, digits, '-' and '_'"
                 ));
             }
+            if s.starts_with("__") {
+                return Err(format!(
+                    "invalid store name `{s}`: names starting with `__` are the host's own"
+                ));
+            }
+        }
+        if self.limits.max_timers == 0 || self.limits.max_timers > 100_000_000 {
+            return Err(format!(
+                "limits.max_timers = {} is out of range: use 1 to 100000000",
+                self.limits.max_timers
+            ));
         }
         if self.limits.memory_bytes < (1 << 20) || self.limits.memory_bytes > (4 << 30) {
             return Err(format!(
@@ -283,6 +312,8 @@ impl PipelineRecord {
     }
 
     /// The changelog topic of `store`: `<prefix>.<pipeline>.<store>.changelog`.
+    ///
+    /// The host's own store [`TIME_STORE`] has one too.
     pub fn changelog_topic(&self, store: &str) -> String {
         changelog_topic(&self.prefix, &self.spec.name, store)
     }

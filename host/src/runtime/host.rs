@@ -115,6 +115,8 @@ pub struct WriteLimits {
     pub max_key_bytes: usize,
     /// Most bytes of a state value (`limits.max_value_bytes`).
     pub max_value_bytes: usize,
+    /// Most timers pending per slot (`limits.max_timers`).
+    pub max_timers: u64,
     /// Per store: most bytes of key and value its changelog takes in one record (`None`: no
     /// changelog limit).
     pub changelog_record_bytes: Vec<Option<usize>>,
@@ -127,6 +129,7 @@ impl Default for WriteLimits {
             outputs: HashMap::new(),
             max_key_bytes: usize::MAX,
             max_value_bytes: usize::MAX,
+            max_timers: u64::MAX,
             changelog_record_bytes: Vec::new(),
         }
     }
@@ -282,7 +285,7 @@ pub struct HostCtx {
     table: ResourceTable,
     limits: StoreLimits,
     pipeline: Arc<str>,
-    db: Arc<PartitionDb>,
+    pub(super) db: Arc<PartitionDb>,
     /// Declared output topics and the size limits of writes.
     limits_w: Arc<WriteLimits>,
     /// Writes not yet committed, and the hot-key cache.
@@ -302,6 +305,14 @@ pub struct HostCtx {
     pub event_time: i64,
     /// The event time of each slot seen.
     pub event_times: HashMap<u32, i64>,
+    /// The slot whose event time the current call moved, and where it was before.
+    pub(super) call_event_time: Option<(u32, i64)>,
+    /// The processing time of the current call, in milliseconds since the Unix epoch.
+    pub(super) call_now: i64,
+    /// The id of the host's own store (`__time`), when the partition keeps one.
+    pub(super) time_store: Option<usize>,
+    /// Per slot and store: whether entries may carry an expiry.
+    pub(super) expiring: HashMap<(u32, usize), bool>,
 }
 
 impl HostCtx {
@@ -324,7 +335,7 @@ impl HostCtx {
                 .instances(4)
                 .build(),
             pipeline,
-            db,
+            db: db.clone(),
             limits_w: write_limits,
             overlay,
             outputs: Vec::new(),
@@ -335,6 +346,10 @@ impl HostCtx {
             host_fault: None,
             event_time: -1,
             event_times: HashMap::new(),
+            call_event_time: None,
+            call_now: 0,
+            time_store: db.store_id(crate::cluster::pipeline::TIME_STORE),
+            expiring: HashMap::new(),
         }
     }
 
@@ -346,17 +361,23 @@ impl HostCtx {
     /// Marks the start of a guest call (its writes and outputs can be dropped alone).
     pub fn begin_call(&mut self, cursor: Cursor) {
         self.cursor = cursor;
+        self.call_event_time = None;
+        self.call_now = now_ms();
         self.call_start = self.outputs.len();
     }
 
     /// Keeps the call's writes and outputs.
     pub fn keep_call(&mut self) {
+        self.call_event_time = None;
         self.overlay.keep_call();
         self.call_start = self.outputs.len();
     }
 
     /// Drops the call's writes and outputs.
     pub fn drop_call(&mut self) {
+        if let Some((slot, before)) = self.call_event_time.take() {
+            self.event_times.insert(slot, before);
+        }
         self.overlay.drop_call();
         self.outputs.truncate(self.call_start);
     }
@@ -386,7 +407,7 @@ impl HostCtx {
     }
 
     /// Checks a state write against the key and value limits and its changelog's record limit.
-    fn check_write(&self, store: usize, key: &[u8], value: &[u8]) -> Result<(), Error> {
+    pub(super) fn check_write(&self, store: usize, key: &[u8], value: &[u8]) -> Result<(), Error> {
         self.check_key(key)?;
         let max = self.limits_w.max_value_bytes;
         if value.len() > max {
@@ -419,19 +440,25 @@ impl HostCtx {
 
     fn read(&mut self, store: usize, key: &[u8]) -> wasmtime::Result<Option<Vec<u8>>> {
         let k = slot_key(self.cursor.slot, key);
-        if let Some(v) = self.overlay.get(store, &k) {
-            return Ok(v.map(<[u8]>::to_vec));
+        let v = match self.overlay.get(store, &k) {
+            Some(v) => v.map(<[u8]>::to_vec),
+            None => {
+                let r = self.db.get(store, &k);
+                let v = self.host_result(r)?;
+                self.overlay.remember(store, k, v.clone());
+                v
+            }
+        };
+        if v.is_some() && self.is_expired(store, key)? {
+            return Ok(None);
         }
-        let r = self.db.get(store, &k);
-        let v = self.host_result(r)?;
-        self.overlay.remember(store, k, v.clone());
         Ok(v)
     }
 
     /// A state failure is the host's fault, not the guest's: it is recorded in
     /// [`HostCtx::host_fault`] and traps the call, so that the session ends and retries the
     /// batch instead of dead-lettering the record.
-    fn host_result<T>(&mut self, r: crate::state::Result<T>) -> wasmtime::Result<T> {
+    pub(super) fn host_result<T>(&mut self, r: crate::state::Result<T>) -> wasmtime::Result<T> {
         r.map_err(|e| {
             let msg = e.to_string();
             self.host_fault.get_or_insert_with(|| msg.clone());
@@ -452,15 +479,25 @@ impl WasiView for HostCtx {
 /// The operations of the contracts, whichever version the guest speaks. Keys are the guest's
 /// (without the slot prefix); everything is scoped to the slot of the current call.
 impl HostCtx {
-    /// The id of a declared store.
+    /// The id of a declared store (the host's own are not the guest's to open).
     pub fn open_store(&self, name: &str) -> Result<usize, Error> {
-        self.db.store_id(name).ok_or_else(|| {
-            Error::NoSuchStore(format!(
-                "store `{name}` is not declared by pipeline `{}`; declared: [{}]",
-                self.pipeline,
-                self.db.stores().join(", ")
-            ))
-        })
+        self.db
+            .store_id(name)
+            .filter(|id| Some(*id) != self.time_store)
+            .ok_or_else(|| {
+                let declared: Vec<&str> = self
+                    .db
+                    .stores()
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|s| *s != crate::cluster::pipeline::TIME_STORE)
+                    .collect();
+                Error::NoSuchStore(format!(
+                    "store `{name}` is not declared by pipeline `{}`; declared: [{}]",
+                    self.pipeline,
+                    declared.join(", ")
+                ))
+            })
     }
 
     /// The value of `key`.
@@ -468,19 +505,44 @@ impl HostCtx {
         self.read(store, key)
     }
 
-    /// Sets `key` to `value`, checking the limits.
-    pub fn set_value(&mut self, store: usize, key: &[u8], value: Vec<u8>) -> Result<(), Error> {
-        self.check_write(store, key, &value)?;
+    /// Sets `key` to `value`, checking the limits; an expiry it had is gone.
+    pub fn set_value(
+        &mut self,
+        store: usize,
+        key: &[u8],
+        value: Vec<u8>,
+    ) -> wasmtime::Result<Result<(), Error>> {
+        if let Err(e) = self.check_write(store, key, &value) {
+            return Ok(Err(e));
+        }
+        self.clear_expiry(store, key)?;
         self.overlay
             .put(store, slot_key(self.cursor.slot, key), Some(value));
-        Ok(())
+        Ok(Ok(()))
+    }
+
+    /// Sets `key` to `value`, to expire at `at` by `clock`.
+    pub fn set_expiring(
+        &mut self,
+        store: usize,
+        key: &[u8],
+        value: Vec<u8>,
+        clock: super::time::Clock,
+        at: i64,
+    ) -> wasmtime::Result<Result<(), Error>> {
+        if let Err(e) = self.set_value(store, key, value)? {
+            return Ok(Err(e));
+        }
+        self.set_expiry(store, key, clock, at)
     }
 
     /// Removes `key`. No size check: a key stored under older, larger limits can always be
     /// deleted.
-    pub fn delete_value(&mut self, store: usize, key: &[u8]) {
+    pub fn delete_value(&mut self, store: usize, key: &[u8]) -> wasmtime::Result<()> {
+        self.clear_expiry(store, key)?;
         self.overlay
             .put(store, slot_key(self.cursor.slot, key), None);
+        Ok(())
     }
 
     /// Adds `delta` to the counter at `key` and returns the new value.
@@ -501,10 +563,16 @@ impl HostCtx {
                 self.host_result(r)?
             }
         };
+        // An expired counter counts as missing, and the write keeps the new one for good.
+        let expired = self.is_expired(store, key)?;
         let current = match current {
+            _ if expired => 0,
             Ok(c) => c,
             Err(e) => return Ok(Err(e)),
         };
+        if expired {
+            self.clear_expiry(store, key)?;
+        }
         let Some(next) = current.checked_add(delta) else {
             return Ok(Err(Error::InvalidValue(format!(
                 "increment by {delta} overflows the counter at {current}"
@@ -515,8 +583,37 @@ impl HostCtx {
         Ok(Ok(next))
     }
 
-    /// The visible entries with `start <= key < end` (slot-prefixed keys), committed and
-    /// pending merged, in key order; at most `limit`.
+    /// The entries of `store` with `lo <= key < hi` (whole keys), committed and pending
+    /// merged, in key order; at most `limit`.
+    pub(super) fn merged_range(
+        &mut self,
+        store: usize,
+        lo: &[u8],
+        hi: &[u8],
+        limit: usize,
+    ) -> wasmtime::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let pending = self.overlay.range(store, lo, hi);
+        // Committed rows may be shadowed by pending deletes: read enough to fill `limit`.
+        let r = self
+            .db
+            .scan(store, lo, hi, limit.saturating_add(pending.len()));
+        let committed = self.host_result(r)?;
+        let mut merged = std::collections::BTreeMap::new();
+        for (k, v) in committed {
+            merged.insert(k, Some(v));
+        }
+        for (k, v) in pending {
+            merged.insert(k, v);
+        }
+        Ok(merged
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .take(limit)
+            .collect())
+    }
+
+    /// The visible entries with `start <= key < end` (slot-prefixed keys) of the current
+    /// slot, in key order, expired ones left out; at most `limit`.
     fn visible_range(
         &mut self,
         store: usize,
@@ -534,24 +631,28 @@ impl HostCtx {
                 None => vec![0xff; 5],
             },
         };
-        let pending = self.overlay.range(store, &lo, &hi);
-        // Committed rows may be shadowed by pending deletes: read enough to fill `limit`.
-        let r = self
-            .db
-            .scan(store, &lo, &hi, limit.saturating_add(pending.len()));
-        let committed = self.host_result(r)?;
-        let mut merged = std::collections::BTreeMap::new();
-        for (k, v) in committed {
-            merged.insert(k, Some(v));
+        if !self.may_expire(slot, store)? {
+            return self.merged_range(store, &lo, &hi, limit);
         }
-        for (k, v) in pending {
-            merged.insert(k, v);
+        // Expired rows are left out: read on until `limit` live ones or the end.
+        let mut out = Vec::new();
+        let mut from = lo;
+        while out.len() < limit {
+            let want = (limit - out.len()).clamp(1, 1024);
+            let rows = self.merged_range(store, &from, &hi, want)?;
+            let done = rows.len() < want;
+            for (k, v) in rows {
+                from = k.clone();
+                from.push(0);
+                if !self.is_expired(store, &k[4..])? {
+                    out.push((k, v));
+                }
+            }
+            if done {
+                break;
+            }
         }
-        Ok(merged
-            .into_iter()
-            .filter_map(|(k, v)| v.map(|v| (k, v)))
-            .take(limit)
-            .collect())
+        Ok(out)
     }
 
     /// Up to `limit` entries with `start <= key < end`, in key order.
@@ -579,6 +680,7 @@ impl HostCtx {
         let rows = self.visible_range(store, start, end, usize::MAX)?;
         let n = rows.len() as u64;
         for (k, _) in rows {
+            self.clear_expiry(store, &k[4..])?;
             self.overlay.put(store, k, None);
         }
         Ok(n)
@@ -747,7 +849,7 @@ mod contract_0_1 {
             value: Vec<u8>,
         ) -> wasmtime::Result<Result<(), WitError>> {
             let store = self.table.get(&h)?.store;
-            Ok(self.set_value(store, &key, value).map_err(Into::into))
+            Ok(self.set_value(store, &key, value)?.map_err(Into::into))
         }
 
         fn delete(
@@ -756,7 +858,7 @@ mod contract_0_1 {
             key: Vec<u8>,
         ) -> wasmtime::Result<Result<(), WitError>> {
             let store = self.table.get(&h)?.store;
-            self.delete_value(store, &key);
+            self.delete_value(store, &key)?;
             Ok(Ok(()))
         }
 
@@ -830,6 +932,13 @@ mod contract_0_2 {
 
     type WitError = types::Error;
 
+    fn clock(kind: types::TimeKind) -> super::super::time::Clock {
+        match kind {
+            types::TimeKind::EventTime => super::super::time::Clock::Event,
+            types::TimeKind::ProcessingTime => super::super::time::Clock::Processing,
+        }
+    }
+
     fn item_error(index: usize, e: Error) -> types::ItemError {
         types::ItemError {
             index: index as u32,
@@ -881,7 +990,7 @@ mod contract_0_2 {
             value: Vec<u8>,
         ) -> wasmtime::Result<Result<(), WitError>> {
             let store = self.table.get(&h)?.store;
-            Ok(self.set_value(store, &key, value).map_err(Into::into))
+            Ok(self.set_value(store, &key, value)?.map_err(Into::into))
         }
 
         fn set_expiring(
@@ -892,10 +1001,8 @@ mod contract_0_2 {
             expiry: state::Expiry,
         ) -> wasmtime::Result<Result<(), WitError>> {
             let store = self.table.get(&h)?.store;
-            let _ = (store, key, value, expiry);
-            Ok(Err(WitError::Other(
-                "set-expiring is not supported by this host yet".into(),
-            )))
+            let r = self.set_expiring(store, &key, value, clock(expiry.kind), expiry.at)?;
+            Ok(r.map_err(Into::into))
         }
 
         fn delete(
@@ -904,7 +1011,7 @@ mod contract_0_2 {
             key: Vec<u8>,
         ) -> wasmtime::Result<Result<(), WitError>> {
             let store = self.table.get(&h)?.store;
-            self.delete_value(store, &key);
+            self.delete_value(store, &key)?;
             Ok(Ok(()))
         }
 
@@ -964,16 +1071,18 @@ mod contract_0_2 {
                             span_of(&data, op.value.start, op.value.len, "value"),
                         ) {
                             (Ok(k), Ok(v)) => match op.expiry {
-                                None => self.set_value(store, k, v.to_vec()),
-                                Some(_) => Err(Error::Other(
-                                    "set with an expiry is not supported by this host yet".into(),
-                                )),
+                                None => self.set_value(store, k, v.to_vec())?,
+                                Some(e) => {
+                                    self.set_expiring(store, k, v.to_vec(), clock(e.kind), e.at)?
+                                }
                             },
                             (Err(e), _) | (_, Err(e)) => Err(e),
                         }
                     }
-                    state::Write::Delete(key) => span_of(&data, key.start, key.len, "key")
-                        .map(|k| self.delete_value(store, k)),
+                    state::Write::Delete(key) => match span_of(&data, key.start, key.len, "key") {
+                        Ok(k) => Ok(self.delete_value(store, k)?),
+                        Err(e) => Err(e),
+                    },
                     state::Write::Add(op) => {
                         match span_of(&data, op.key.start, op.key.len, "key") {
                             Ok(k) => self.add_counter(store, k, op.delta)?.map(drop),
@@ -1002,10 +1111,8 @@ mod contract_0_2 {
             key: Vec<u8>,
             payload: Option<Vec<u8>>,
         ) -> wasmtime::Result<Result<(), WitError>> {
-            let _ = (kind, at, key, payload);
-            Ok(Err(WitError::Other(
-                "timers are not supported by this host yet".into(),
-            )))
+            let r = self.schedule_timer(clock(kind), at, &key, payload.as_deref())?;
+            Ok(r.map_err(Into::into))
         }
 
         fn cancel(
@@ -1014,8 +1121,7 @@ mod contract_0_2 {
             at: i64,
             key: Vec<u8>,
         ) -> wasmtime::Result<Result<bool, WitError>> {
-            let _ = (kind, at, key);
-            Ok(Ok(false))
+            Ok(Ok(self.cancel_timer(clock(kind), at, &key)?))
         }
 
         fn event_time(&mut self) -> wasmtime::Result<i64> {

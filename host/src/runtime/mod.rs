@@ -5,6 +5,7 @@ pub mod bindings;
 pub mod host;
 pub mod native;
 pub mod stderr;
+pub mod time;
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::PathBuf;
@@ -435,8 +436,15 @@ impl Instance {
         }
     }
 
-    /// Calls `process` on one slot's records with a CPU budget of `ticks` epoch ticks.
+    /// Calls `process` on one slot's records with a CPU budget of `ticks` epoch ticks. The
+    /// slot's event time moves up to the records' highest timestamp first, as a write of the
+    /// call; the guest gets the event time before the batch and follows it record by record.
     pub fn process(&mut self, batch: &[Message], ticks: u64) -> Result<(), CallError> {
+        let seen = batch.iter().map(|m| m.timestamp).max().unwrap_or(-1);
+        let before = match self.ctx().advance_event_time(seen) {
+            Ok(t) => t,
+            Err(e) => return Err(CallError::Trap(format!("{e:#}"))),
+        };
         match &mut self.inner {
             Inner::Native(ctx, p) => p.process(ctx, batch).map_err(CallError::Guest),
             Inner::V0_1(store, p) => {
@@ -445,14 +453,7 @@ impl Instance {
                 outcome(r, |t| trap_message(store.data(), t))
             }
             Inner::V0_2(store, p, buf) => {
-                let ctx = store.data_mut();
-                if let Some(first) = batch.first() {
-                    let seen = batch.iter().map(|m| m.timestamp).max().unwrap_or(-1);
-                    let et = ctx.event_times.entry(first.slot).or_insert(-1);
-                    *et = (*et).max(seen);
-                    ctx.event_time = *et;
-                }
-                buf.fill(batch, ctx.event_time);
+                buf.fill(batch, before);
                 store.set_epoch_deadline(ticks);
                 let r = p
                     .baton_processor_handler()
@@ -460,6 +461,42 @@ impl Instance {
                 outcome(r, |t| trap_message(store.data(), t))
             }
         }
+    }
+
+    /// Whether the module takes timers (contract 0.2). Timers of a slot whose module does not
+    /// stay pending until one that does runs.
+    pub fn takes_timers(&self) -> bool {
+        matches!(self.inner, Inner::V0_2(..))
+    }
+
+    /// Calls `on-timers` with timers of the current call's slot that fell due.
+    pub fn on_timers(&mut self, fired: &[time::DueTimer], ticks: u64) -> Result<(), CallError> {
+        use v0_2::baton::processor::types::TimeKind;
+        use v0_2::exports::baton::processor::handler::Fired;
+        if let Err(e) = self.ctx().load_event_time() {
+            return Err(CallError::Trap(format!("{e:#}")));
+        }
+        let Inner::V0_2(store, p, _) = &mut self.inner else {
+            return Ok(());
+        };
+        let fired: Vec<Fired> = fired
+            .iter()
+            .map(|t| Fired {
+                kind: match t.clock {
+                    time::Clock::Event => TimeKind::EventTime,
+                    time::Clock::Processing => TimeKind::ProcessingTime,
+                },
+                at: t.at,
+                key: t.key.clone(),
+                payload: t.payload.clone(),
+            })
+            .collect();
+        let (slot, event_time) = (store.data().cursor.slot, store.data().event_time);
+        store.set_epoch_deadline(ticks);
+        let r = p
+            .baton_processor_handler()
+            .call_on_timers(&mut *store, slot, event_time, &fired);
+        outcome(r, |t| trap_message(store.data(), t))
     }
 
     /// Gives back the host context, ending the instance.

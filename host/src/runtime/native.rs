@@ -68,6 +68,7 @@ impl HostCtx {
     /// `store.set`.
     pub fn native_set(&mut self, s: &NativeStore, key: &[u8], value: &[u8]) -> Result<(), String> {
         self.set_value(s.0, key, value.to_vec())
+            .map_err(host_err)?
             .map_err(|e| e.to_string())
     }
 

@@ -93,7 +93,7 @@ impl KafkaIo {
         }
         let changelogs: Vec<String> = pipeline
             .spec
-            .stores
+            .state_stores()
             .iter()
             .map(|s| pipeline.changelog_topic(s))
             .collect();
@@ -108,7 +108,7 @@ impl KafkaIo {
                 producer,
                 group,
                 changelogs: changelogs.clone(),
-                stores: pipeline.spec.stores.clone(),
+                stores: pipeline.spec.state_stores(),
             },
         )?;
         let sources = Sources {
@@ -152,8 +152,9 @@ impl PartitionIo for KafkaIo {
             .input_consumer(&format!("{}.restore", self.pipeline.group_id()))?;
         // Per changelog partition: where RocksDB is, and where the changelog ends.
         let mut todo: Vec<(usize, u32, u64, u64)> = Vec::new();
+        let stores = self.pipeline.spec.state_stores();
         for (si, topic) in self.changelogs.iter().enumerate() {
-            let store = &self.pipeline.spec.stores[si];
+            let store = &stores[si];
             for slot in self.slots.clone() {
                 let key = changelog_offset_key(store, slot);
                 let mut local = db.get_meta_u64(&key)?.unwrap_or(0);
@@ -229,7 +230,7 @@ impl PartitionIo for KafkaIo {
                 }
                 if let Some(last) = f.records.last() {
                     meta.push((
-                        changelog_offset_key(&self.pipeline.spec.stores[si], f.partition),
+                        changelog_offset_key(&stores[si], f.partition),
                         Some((last.offset + 1).to_be_bytes().to_vec()),
                     ));
                 }

@@ -94,6 +94,18 @@ const IDLE_COMMIT: Duration = Duration::from_millis(50);
 /// finished (its writes settled, the progress shown) soon after it is done.
 const IN_FLIGHT_WAIT: Duration = Duration::from_millis(2);
 
+/// How often every slot is checked for processing-time timers and expiries that fell due.
+const TIME_CHECK: Duration = Duration::from_millis(100);
+
+/// Most timers handed to one `on-timers` call.
+const MAX_TIMERS_PER_CALL: usize = 1000;
+
+/// Most `on-timers` calls per slot per check; what is left fires at the next check.
+const MAX_TIMER_CALLS: usize = 8;
+
+/// Most expired entries removed per slot per check.
+const MAX_SWEEP: usize = 10_000;
+
 /// Opens a session's [`PartitionIo`].
 pub type IoFactory = Box<dyn Fn() -> anyhow::Result<Box<dyn PartitionIo>> + Send + Sync>;
 
@@ -434,6 +446,7 @@ impl PartitionTask {
         let mut limits = (*self.outputs).clone();
         limits.max_key_bytes = settings.limits.max_key_bytes as usize;
         limits.max_value_bytes = settings.limits.max_value_bytes as usize;
+        limits.max_timers = settings.limits.max_timers;
         HostCtx::new(
             self.pipeline.spec.name.as_str().into(),
             self.db.clone(),
@@ -552,6 +565,138 @@ impl PartitionTask {
                 inst = self.process_chunk(inst, target, *slot, chunk, dlq)?;
             }
         }
+        // The batch moved these slots' event time: their timers may be due.
+        for (slot, _) in groups {
+            inst = self.fire_timers(inst, target, *slot, dlq)?.0;
+        }
+        Ok(inst)
+    }
+
+    /// Fires the timers of `slot` that fell due and removes its expired entries, as calls of
+    /// their own that commit with the pending batches. Returns the instance to use next and
+    /// how many timers and entries there were.
+    fn fire_timers(
+        &self,
+        mut inst: Instance,
+        target: &Target,
+        slot: u32,
+        dlq: &str,
+    ) -> Result<(Instance, usize), SessionError> {
+        let cursor = Cursor {
+            topic: self.pipeline.spec.inputs[0].clone(),
+            slot,
+            offset: 0,
+            timestamp: 0,
+        };
+        inst.ctx().begin_call(cursor.clone());
+        let now = crate::runtime::host::now_ms();
+        let swept = inst.ctx().sweep_expired(slot, now, MAX_SWEEP);
+        host_fault(&mut inst)?;
+        let mut n = swept.map_err(|e| SessionError::Retry(e.into()))?;
+        inst.ctx().keep_call();
+        if !inst.takes_timers() {
+            return Ok((inst, n));
+        }
+        let ticks = self.call_ticks(&target.settings);
+        for _ in 0..MAX_TIMER_CALLS {
+            inst.ctx().begin_call(cursor.clone());
+            let due = inst.ctx().due_timers(slot, now, MAX_TIMERS_PER_CALL);
+            host_fault(&mut inst)?;
+            let due = due.map_err(|e| SessionError::Retry(e.into()))?;
+            let Some(first) = due.first() else {
+                inst.ctx().keep_call();
+                break;
+            };
+            inst.ctx().cursor.timestamp = first.at;
+            n += due.len();
+            inst = self.fire(inst, target, &due, ticks, dlq)?;
+        }
+        Ok((inst, n))
+    }
+
+    /// Fires `due` in one call; when it fails, each timer alone, and one that still fails is
+    /// dropped with a dead letter. The call was begun by the caller.
+    fn fire(
+        &self,
+        mut inst: Instance,
+        target: &Target,
+        due: &[crate::runtime::time::DueTimer],
+        ticks: u64,
+        dlq: &str,
+    ) -> Result<Instance, SessionError> {
+        let cursor = inst.ctx().cursor.clone();
+        let removed = inst.ctx().remove_timers(due);
+        host_fault(&mut inst)?;
+        removed.map_err(|e| SessionError::Retry(e.into()))?;
+        let result = inst.on_timers(due, ticks);
+        self.take_logs(&mut inst);
+        host_fault(&mut inst)?;
+        let err = match result {
+            Ok(()) => {
+                inst.ctx().keep_call();
+                return Ok(inst);
+            }
+            Err(e) => e,
+        };
+        inst.ctx().drop_call();
+        if matches!(err, CallError::Trap(_)) {
+            inst = self.replace_instance(target, inst)?;
+        }
+        if due.len() > 1 {
+            for t in due {
+                inst.ctx().begin_call(Cursor {
+                    timestamp: t.at,
+                    ..cursor.clone()
+                });
+                inst = self.fire(inst, target, std::slice::from_ref(t), ticks, dlq)?;
+            }
+            return Ok(inst);
+        }
+        // One timer that fails alone: it is removed, and its dead letter says why.
+        let t = &due[0];
+        inst.ctx().begin_call(cursor.clone());
+        let removed = inst.ctx().remove_timers(due);
+        host_fault(&mut inst)?;
+        removed.map_err(|e| SessionError::Retry(e.into()))?;
+        inst.ctx().keep_call();
+        let clock = match t.clock {
+            crate::runtime::time::Clock::Event => "event-time",
+            crate::runtime::time::Clock::Processing => "processing-time",
+        };
+        let msg = format!("timer ({clock} at {}) failed: {err}", t.at);
+        self.events.push(
+            "error",
+            None,
+            format!("{msg}; sent to {dlq}"),
+            &self.id,
+            Some(&cursor),
+        );
+        tracing::warn!(slot = cursor.slot, "{msg}; sent to {dlq}");
+        let partitions = self
+            .outputs
+            .outputs
+            .get(dlq)
+            .map_or(self.pipeline.spec.slots, |o| o.partitions)
+            .max(1);
+        self.status.dead_letters.fetch_add(1, Ordering::Relaxed);
+        *self.status.last_error.lock() = Some(format!("slot {}: {msg}", cursor.slot));
+        inst.ctx().push_dead_letter(Output {
+            topic: dlq.to_string(),
+            partition: cursor.slot % partitions,
+            record: Record {
+                key: Some(t.key.clone()),
+                value: t.payload.clone(),
+                headers: vec![
+                    ("baton.error".into(), msg.into_bytes()),
+                    (
+                        "baton.timer".into(),
+                        format!("{clock}:{}", t.at).into_bytes(),
+                    ),
+                    ("baton.slot".into(), cursor.slot.to_string().into_bytes()),
+                ],
+                timestamp: t.at,
+            },
+        });
         Ok(inst)
     }
 
@@ -636,6 +781,7 @@ impl PartitionTask {
         let dlq = self.pipeline.dlq_topic();
         let time = &self.status.time;
         let mut pending = Pending::default();
+        let mut last_time_check = Instant::now();
         loop {
             let stopping = self.stop.load(Ordering::Relaxed);
             let generation = self.target.generation();
@@ -690,6 +836,20 @@ impl PartitionTask {
                 .fetch(&next, max_batch, wait)
                 .map_err(SessionError::from_io)?;
             let started = add_elapsed(&time.fetch_us, fetch_started);
+            // Processing-time timers and expiries fall due without records: every slot is
+            // checked now and then, a quiet one too.
+            if last_time_check.elapsed() >= TIME_CHECK {
+                last_time_check = Instant::now();
+                let mut fired = 0;
+                for slot in self.slots.clone() {
+                    let (i, n) = self.fire_timers(inst, &run.current, slot, &dlq)?;
+                    inst = i;
+                    fired += n;
+                }
+                if fired > 0 {
+                    pending.add(0, Instant::now(), Vec::new(), &[]);
+                }
+            }
             if fetched.is_empty() {
                 if pending.batches > 0 || in_flight.is_some() {
                     // The input is idle: what is pending commits now rather than at the
