@@ -670,18 +670,45 @@ impl TestProducer {
         self.send_placed(topic, None, records).await
     }
 
+    /// Sends `(key, value, timestamp)` records placed by murmur2 like [`TestProducer::send`].
+    pub async fn send_timed(
+        &self,
+        topic: &str,
+        slots: u32,
+        records: &[(String, String, i64)],
+    ) -> Result<()> {
+        let timed: Vec<_> = records
+            .iter()
+            .map(|(k, v, t)| ((k.clone(), v.clone()), Some(*t)))
+            .collect();
+        self.send_records(topic, Some(slots), &timed).await
+    }
+
     async fn send_placed(
         &self,
         topic: &str,
         murmur2_slots: Option<u32>,
         records: &[(String, String)],
     ) -> Result<()> {
+        let untimed: Vec<_> = records.iter().map(|kv| (kv.clone(), None)).collect();
+        self.send_records(topic, murmur2_slots, &untimed).await
+    }
+
+    async fn send_records(
+        &self,
+        topic: &str,
+        murmur2_slots: Option<u32>,
+        records: &[((String, String), Option<i64>)],
+    ) -> Result<()> {
         use rdkafka::producer::FutureRecord;
         let mut futures = Vec::with_capacity(records.len());
-        for (k, v) in records {
+        for ((k, v), timestamp) in records {
             let mut rec = FutureRecord::to(topic)
                 .key(k.as_bytes())
                 .payload(v.as_bytes());
+            if let Some(t) = timestamp {
+                rec = rec.timestamp(*t);
+            }
             if let Some(slots) = murmur2_slots {
                 rec = rec.partition(baton::transport::partitioner::partition_for_key(
                     k.as_bytes(),

@@ -7,7 +7,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use baton_tests::{InProcess, words};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use baton::transport::partitioner::partition_for_key;
+use baton_tests::{
+    ChildHost, InProcess, TestProducer, kafka_bootstrap, kafka_lock, read_committed, unique,
+    wait_for, words,
+};
 use serde_json::{Value, json};
 
 const WINDOW: i64 = 1_000;
@@ -143,4 +150,153 @@ async fn windowed_counts_are_exact_and_each_window_is_sent_once_across_a_restart
         .collect();
     assert_eq!(late_sent, late, "the late records");
     host.stop().await
+}
+
+/// The window a `counts` record names, checking its shape.
+fn window_of(key: &str, value: &str) -> anyhow::Result<Window> {
+    let v: Value = serde_json::from_str(value)?;
+    let start = v["start"].as_i64().unwrap();
+    anyhow::ensure!(v["end"].as_i64() == Some(start + WINDOW), "{v}");
+    Ok((key.to_string(), start, v["count"].as_i64().unwrap()))
+}
+
+/// Processed and waiting records of `pipeline`'s partitions.
+async fn progress(api: &baton_tests::Api, pipeline: &str) -> anyhow::Result<(u64, u64)> {
+    let parts = api.partitions().await?;
+    let mine = parts.iter().filter(|p| p["pipeline"] == pipeline);
+    Ok(mine.fold((0, 0), |(d, l), p| {
+        (
+            d + p["records"].as_u64().unwrap_or(0),
+            l + p["lag"].as_u64().unwrap_or(0),
+        )
+    }))
+}
+
+/// windowed-count on Kafka under exactly-once, killed with -9 three times while records flow,
+/// then started again on an empty data dir: timers and event time come back from the
+/// changelog. Records that move time far ahead close every window at the end: each one is sent
+/// exactly once (read_committed) with its exact count, and every late record once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_kafka_each_window_is_sent_once_across_kill_9_and_a_restore() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dir = tempfile::tempdir()?;
+    let bootstrap = kafka_bootstrap();
+    let flags = ["--kafka", bootstrap.as_str(), "--max-batch", "500"];
+    let mut host = ChildHost::start(dir.path(), &flags).await?;
+    let (name, topic, output, late) = (
+        unique("win"),
+        unique("ev"),
+        unique("counts"),
+        unique("late"),
+    );
+    host.api
+        .upload_plugin("windowed-count", "windowed-count", "1")
+        .await?;
+    host.api
+        .create_pipeline(json!({
+            "name": name, "module": "windowed-count", "version": "1", "inputs": [topic],
+            "outputs": [output, late], "stores": ["windows"], "slots": 4, "partitions": 2,
+            "guarantee": "exactly-once",
+            "config": {"window_ms": WINDOW, "grace_ms": GRACE, "output": output, "late": late}
+        }))
+        .await?;
+
+    // A producer in the background, chunk by chunk; records keep their order per slot.
+    let records = input(40_000);
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = {
+        let (topic, stop, records) = (topic.clone(), stop.clone(), records.clone());
+        tokio::spawn(async move {
+            let producer = TestProducer::new()?;
+            let mut sent = 0;
+            for chunk in records.chunks(1_000) {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                producer.send_timed(&topic, 4, chunk).await?;
+                sent += chunk.len();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            anyhow::Ok(sent)
+        })
+    };
+    let seed = baton_tests::test_seed("windows_kill_three_times");
+    for round in 0..3u64 {
+        let (done, lag) = wait_for("progress with input left", Duration::from_secs(120), || {
+            let (api, name) = (host.api.clone(), name.clone());
+            async move {
+                let (done, lag) = progress(&api, &name).await?;
+                Ok((done > 1_000 && lag > 0).then_some((done, lag)))
+            }
+        })
+        .await?;
+        baton_tests::kill9_at_random(host, seed, round, done, lag).await?;
+        host = ChildHost::start(dir.path(), &flags).await?;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut sent = records[..producer.await??].to_vec();
+    host.api
+        .wait_caught_up(&name, sent.len() as u64, Duration::from_secs(180))
+        .await?;
+
+    // Lose the data dir: state, timers and event time come back from the changelogs.
+    host.terminate()?;
+    std::fs::remove_dir_all(dir.path())?;
+    let host = ChildHost::start(dir.path(), &flags).await?;
+    host.api
+        .wait_caught_up(&name, sent.len() as u64, Duration::from_secs(180))
+        .await?;
+    // Time moves far ahead in every slot: every window closes.
+    let last = sent.iter().map(|r| r.2).max().unwrap_or(0);
+    let mut flush = Vec::new();
+    for i in 0.. {
+        let k = format!("flush-{i}");
+        let slot = partition_for_key(k.as_bytes(), 4);
+        if !flush
+            .iter()
+            .any(|(f, _, _): &(String, String, i64)| partition_for_key(f.as_bytes(), 4) == slot)
+        {
+            flush.push((k, "flush".to_string(), last + 100 * WINDOW));
+        }
+        if flush.len() == 4 {
+            break;
+        }
+    }
+    TestProducer::new()?.send_timed(&topic, 4, &flush).await?;
+    sent.extend(flush);
+    host.api
+        .wait_caught_up(&name, sent.len() as u64, Duration::from_secs(180))
+        .await?;
+
+    let mut per_slot: BTreeMap<u32, Vec<(String, String, i64)>> = BTreeMap::new();
+    for r in &sent {
+        per_slot
+            .entry(partition_for_key(r.0.as_bytes(), 4))
+            .or_default()
+            .push(r.clone());
+    }
+    let (closed, late_want) = model(&per_slot);
+    let mut got: BTreeMap<Window, usize> = BTreeMap::new();
+    for (k, v) in read_committed(&output, 4)? {
+        *got.entry(window_of(&k, &v)?).or_default() += 1;
+    }
+    let twice: Vec<_> = got.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "windows sent more than once: {twice:?}");
+    let got: BTreeSet<_> = got.into_keys().collect();
+    assert_eq!(got.len(), closed.len(), "how many windows closed");
+    assert_eq!(got, closed, "the closed windows and their counts");
+    let mut late_got: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for kv in read_committed(&late, 4)? {
+        *late_got.entry(kv).or_default() += 1;
+    }
+    assert!(
+        late_got.values().all(|n| *n == 1),
+        "a late record sent twice"
+    );
+    assert_eq!(
+        late_got.into_keys().collect::<BTreeSet<_>>(),
+        late_want,
+        "the late records"
+    );
+    host.terminate()
 }
