@@ -201,6 +201,9 @@ pub struct SwapResult {
     /// Why it was rolled back.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// What the swap leaves that needs attention, e.g. timers the new version cannot take.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     /// Per partition: what it did and its pause.
     pub partitions: Vec<SwapPartition>,
 }
@@ -1090,6 +1093,7 @@ impl Baton {
                     running: version.into(),
                     outcome: "unchanged".into(),
                     reason: None,
+                    warnings: Vec::new(),
                     partitions: Vec::new(),
                 });
             }
@@ -1173,12 +1177,25 @@ impl Baton {
         } else {
             "pending"
         };
+        let timers: u64 = partitions
+            .iter()
+            .filter_map(|p| p.report.as_ref())
+            .map(|r| r.timers_pending)
+            .sum();
+        let mut warnings = Vec::new();
+        if timers > 0 {
+            warnings.push(format!(
+                "{timers} timers are pending, and version {version} speaks baton:processor@0.1.0, \
+                 which has no timers: they stay pending, and fire once a version for 0.2 runs"
+            ));
+        }
         Ok(SwapResult {
             pipeline: pipeline.into(),
             version: version.into(),
             running: target.get().version,
             outcome: outcome.into(),
             reason,
+            warnings,
             partitions,
         })
     }

@@ -300,3 +300,81 @@ async fn on_kafka_each_window_is_sent_once_across_kill_9_and_a_restore() -> anyh
     );
     host.terminate()
 }
+
+/// A swap to a version built for contract 0.1 (which has no timers) leaves the timers pending,
+/// and says so; after the swap back to 0.2 they fire, each window once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timers_wait_out_a_0_1_version_and_fire_after_the_swap_back() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let host = InProcess::start(dir.path()).await?;
+    let api = &host.api;
+    api.upload_plugin("windowed-count", "windowed-count", "1")
+        .await?;
+    api.upload_bytes(
+        baton_tests::plugin_bytes("word-count-v01"),
+        "windowed-count",
+        "2",
+    )
+    .await?;
+    api.create_pipeline(json!({
+        "name": "w", "module": "windowed-count", "version": "1", "inputs": ["ev"],
+        "outputs": ["out", "late"], "stores": ["windows", "counts"], "slots": 2,
+        "config": {"window_ms": WINDOW, "grace_ms": GRACE, "output": "out", "late": "late"}
+    }))
+    .await?;
+    let produce = |records: Vec<Value>| async move {
+        let r = api
+            .post_json("/api/v1/topics/ev/records", &Value::Array(records))
+            .await?;
+        anyhow::ensure!(r.status == 200, "{r:?}");
+        anyhow::Ok(())
+    };
+    // Ten keys, each with records in one window that stays open.
+    let base = 1_700_000_000_000i64;
+    let first: Vec<Value> = (0..30)
+        .map(|i| json!({"key": format!("k{}", i % 10), "value": "x", "timestamp": base + i}))
+        .collect();
+    produce(first).await?;
+    api.wait_caught_up("w", 30, Duration::from_secs(30)).await?;
+
+    let swap = |v: &'static str| async move {
+        let r = api
+            .put_json("/api/v1/pipelines/w/module", &json!({ "version": v }))
+            .await?;
+        anyhow::ensure!(r.status == 200 && r.body["outcome"] == "swapped", "{r:?}");
+        anyhow::Ok(r.body)
+    };
+    let answer = swap("2").await?;
+    let warning = answer["warnings"][0].as_str().unwrap_or_default();
+    assert!(
+        warning.starts_with("10 timers are pending") && warning.contains("0.1.0"),
+        "{answer}"
+    );
+    // Time moves past every window's close under 0.1: nothing fires.
+    let later: Vec<Value> = (0..10)
+        .map(|i| json!({"key": format!("k{i}"), "value": "y", "timestamp": base + 10 * WINDOW}))
+        .collect();
+    produce(later).await?;
+    api.wait_caught_up("w", 40, Duration::from_secs(30)).await?;
+    assert!(
+        api.read_topic("out", 2).await?.is_empty(),
+        "a timer fired under 0.1"
+    );
+
+    let answer = swap("1").await?;
+    assert!(answer.get("warnings").is_none(), "{answer}");
+    let out = wait_for("the windows", Duration::from_secs(30), || async {
+        let out = api.read_topic("out", 2).await?;
+        Ok((out.len() >= 10).then_some(out))
+    })
+    .await?;
+    let got: BTreeSet<Window> = out
+        .iter()
+        .map(|r| window_of(r.key.as_deref().unwrap(), r.value.as_deref().unwrap()))
+        .collect::<anyhow::Result<_>>()?;
+    let start = base.div_euclid(WINDOW) * WINDOW;
+    let want: BTreeSet<Window> = (0..10).map(|k| (format!("k{k}"), start, 3)).collect();
+    assert_eq!(out.len(), 10, "each window once");
+    assert_eq!(got, want);
+    host.stop().await
+}

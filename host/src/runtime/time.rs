@@ -230,6 +230,15 @@ impl HostCtx {
         Ok(true)
     }
 
+    /// How many timers `slots` have pending.
+    pub fn pending_timers(&mut self, slots: std::ops::Range<u32>) -> wasmtime::Result<u64> {
+        let mut n = 0;
+        for slot in slots {
+            n += self.timer_count(slot)?.max(0) as u64;
+        }
+        Ok(n)
+    }
+
     /// Up to `limit` timers of `slot` due by its event time and by `now`, oldest first.
     pub fn due_timers(
         &mut self,

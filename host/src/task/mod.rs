@@ -482,6 +482,7 @@ impl PartitionTask {
                 outcome: SwapOutcome::Swapped,
                 reason: None,
                 pause_us: 0,
+                timers_pending: 0,
             });
             run.current = target;
             run.previous = None;
@@ -493,8 +494,15 @@ impl PartitionTask {
         debug_assert!(inst.ctx().overlay.is_empty() && !inst.ctx().overlay.is_committing());
         drop(inst);
         match self.try_instance(&target) {
-            Ok(new) => {
+            Ok(mut new) => {
                 let pause_us = started.elapsed().as_micros() as u64;
+                let timers_pending = if new.takes_timers() {
+                    0
+                } else {
+                    let n = new.ctx().pending_timers(self.slots.clone());
+                    host_fault(&mut new)?;
+                    n.map_err(|e| SessionError::Retry(e.into()))?
+                };
                 tracing::info!(version = %target.version, pause_us, "module swapped");
                 self.events.push(
                     "swap",
@@ -513,6 +521,7 @@ impl PartitionTask {
                     outcome: SwapOutcome::Swapped,
                     reason: None,
                     pause_us,
+                    timers_pending,
                 });
                 run.probation = target.settings.swap.probation_batches;
                 run.previous = Some(std::mem::replace(&mut run.current, target));
@@ -549,6 +558,7 @@ impl PartitionTask {
             outcome: SwapOutcome::RolledBack,
             reason: Some(reason),
             pause_us,
+            timers_pending: 0,
         });
     }
 

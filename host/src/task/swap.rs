@@ -175,6 +175,14 @@ pub struct SwapReport {
     pub reason: Option<String>,
     /// Time the partition did not process records while switching, in microseconds.
     pub pause_us: u64,
+    /// Timers pending in the partition's slots that the version swapped to cannot take (it
+    /// speaks contract 0.1): they stay pending until a version that takes them runs.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub timers_pending: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// How a swap ended on a partition.
