@@ -16,6 +16,7 @@ mod memory;
 mod openapi;
 mod restart;
 mod swap;
+mod timers;
 mod too_large;
 mod windows;
 mod word_count;
