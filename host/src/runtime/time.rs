@@ -447,3 +447,208 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod state_tests {
+    //! Range deletes, expiries and timers through the host's operations, over a real RocksDB.
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::runtime::host::{Cursor, HostCtx, WriteLimits};
+    use crate::state::{PartitionDb, StateEnv};
+
+    fn ctx(dir: &std::path::Path, max_timers: u64) -> HostCtx {
+        let env = StateEnv::new(32 << 20);
+        let stores = vec![
+            "s".to_string(),
+            crate::cluster::pipeline::TIME_STORE.to_string(),
+        ];
+        let db: Arc<PartitionDb> = Arc::new(env.open_partition(dir, &stores).unwrap());
+        let limits = WriteLimits {
+            max_timers,
+            ..WriteLimits::default()
+        };
+        HostCtx::new(
+            "p".into(),
+            db,
+            Arc::new(limits),
+            64 << 20,
+            Default::default(),
+        )
+    }
+
+    /// Keeps the last call and begins one of `slot`'s records up to `seen`.
+    fn call(c: &mut HostCtx, slot: u32, seen: i64) {
+        c.keep_call();
+        c.begin_call(Cursor {
+            topic: "t".into(),
+            slot,
+            offset: 0,
+            timestamp: seen,
+        });
+        c.advance_event_time(seen).unwrap();
+    }
+
+    /// The keys of store `s` the pending writes delete (their changelog tombstones).
+    fn tombstones(c: &mut HostCtx) -> Vec<Vec<u8>> {
+        c.keep_call();
+        let w = c.overlay.take();
+        let mut v: Vec<_> = w
+            .sorted()
+            .into_iter()
+            .filter(|w| w.store == 0 && w.value.is_none())
+            .map(|w| w.key[4..].to_vec())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_range_delete_removes_what_is_in_range_of_its_slot_with_a_tombstone_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = ctx(dir.path(), 10);
+        call(&mut c, 1, 0);
+        for k in ["a", "b1", "b2", "b3", "c"] {
+            c.set_value(0, k.as_bytes(), b"v".to_vec())
+                .unwrap()
+                .unwrap();
+        }
+        call(&mut c, 2, 0);
+        c.set_value(0, b"b2", b"other slot".to_vec())
+            .unwrap()
+            .unwrap();
+        call(&mut c, 1, 0);
+        assert_eq!(c.delete_range(0, b"b", Some(b"c")).unwrap(), 3);
+        let left: Vec<_> = c
+            .scan_values(0, b"", None, 100)
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(left, vec![b"a".to_vec(), b"c".to_vec()]);
+        assert_eq!(c.delete_range(0, b"", None).unwrap(), 2);
+        call(&mut c, 2, 0);
+        assert_eq!(c.get_value(0, b"b2").unwrap(), Some(b"other slot".to_vec()));
+        // Nothing was committed: the deletes cancel the sets in the pending writes. Commit the
+        // sets, then delete a range of committed entries: each gets a tombstone.
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = ctx(dir.path(), 10);
+        call(&mut c, 1, 0);
+        for k in ["b1", "b2", "b3", "c"] {
+            c.set_value(0, k.as_bytes(), b"v".to_vec())
+                .unwrap()
+                .unwrap();
+        }
+        c.keep_call();
+        let w = c.overlay.take();
+        c.db.commit(w.iter(), &[]).unwrap();
+        c.overlay.settle();
+        call(&mut c, 1, 0);
+        assert_eq!(c.delete_range(0, b"b", Some(b"c")).unwrap(), 3);
+        assert_eq!(
+            tombstones(&mut c),
+            vec![b"b1".to_vec(), b"b2".to_vec(), b"b3".to_vec()]
+        );
+    }
+
+    #[test]
+    fn an_expired_entry_is_invisible_at_once_and_swept_with_a_tombstone() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = ctx(dir.path(), 10);
+        call(&mut c, 0, 1_000);
+        c.set_expiring(0, b"e", b"1".to_vec(), Clock::Event, 1_500)
+            .unwrap()
+            .unwrap();
+        c.set_expiring(0, b"p", b"1".to_vec(), Clock::Processing, i64::MAX)
+            .unwrap()
+            .unwrap();
+        c.set_value(0, b"n", b"1".to_vec()).unwrap().unwrap();
+        assert_eq!(c.get_value(0, b"e").unwrap(), Some(b"1".to_vec()));
+        // Event time reaches the expiry: invisible to reads, scans and counters at once.
+        call(&mut c, 0, 1_500);
+        assert_eq!(c.get_value(0, b"e").unwrap(), None);
+        let keys: Vec<_> = c
+            .scan_values(0, b"", None, 10)
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(keys, vec![b"n".to_vec(), b"p".to_vec()]);
+        // Another slot's event time is its own.
+        call(&mut c, 1, 0);
+        c.set_expiring(0, b"e", b"2".to_vec(), Clock::Event, 1_500)
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.get_value(0, b"e").unwrap(), Some(b"2".to_vec()));
+        // The sweep removes the expired entry of slot 0 only.
+        c.keep_call();
+        let _ = c.overlay.take();
+        call(&mut c, 0, 1_500);
+        assert_eq!(c.sweep_expired(0, 0, 100).unwrap(), 1);
+        assert_eq!(tombstones(&mut c), vec![b"e".to_vec()]);
+        // Written again without an expiry, a key stays.
+        call(&mut c, 1, 0);
+        c.set_value(0, b"e", b"3".to_vec()).unwrap().unwrap();
+        call(&mut c, 1, 9_999);
+        assert_eq!(c.get_value(0, b"e").unwrap(), Some(b"3".to_vec()));
+        assert_eq!(c.sweep_expired(1, 0, 100).unwrap(), 0);
+    }
+
+    #[test]
+    fn timers_are_named_by_clock_time_and_key_limited_per_slot_and_due_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = ctx(dir.path(), 3);
+        call(&mut c, 0, 100);
+        c.schedule_timer(Clock::Event, 300, b"b", None)
+            .unwrap()
+            .unwrap();
+        c.schedule_timer(Clock::Event, 200, b"a", Some(b"x"))
+            .unwrap()
+            .unwrap();
+        // The same timer again replaces its payload and does not count twice.
+        c.schedule_timer(Clock::Event, 200, b"a", Some(b"y"))
+            .unwrap()
+            .unwrap();
+        c.schedule_timer(Clock::Processing, 50, b"p", None)
+            .unwrap()
+            .unwrap();
+        let over = c.schedule_timer(Clock::Event, 400, b"c", None).unwrap();
+        assert!(matches!(over, Err(GuestError::Limit(_))), "{over:?}");
+        // Another slot has its own limit.
+        call(&mut c, 1, 100);
+        c.schedule_timer(Clock::Event, 400, b"c", None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.pending_timers(0..2).unwrap(), 4);
+
+        call(&mut c, 0, 250);
+        let due = c.due_timers(0, 60, 10).unwrap();
+        let got: Vec<_> = due
+            .iter()
+            .map(|t| (t.clock, t.at, t.key.clone(), t.payload.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (Clock::Processing, 50, b"p".to_vec(), None),
+                (Clock::Event, 200, b"a".to_vec(), Some(b"y".to_vec())),
+            ]
+        );
+        c.remove_timers(&due).unwrap();
+        assert!(c.due_timers(0, 60, 10).unwrap().is_empty());
+        assert!(c.cancel_timer(Clock::Event, 300, b"b").unwrap());
+        assert!(!c.cancel_timer(Clock::Event, 300, b"b").unwrap());
+        assert_eq!(c.pending_timers(0..1).unwrap(), 0);
+        c.schedule_timer(Clock::Event, 500, b"d", None)
+            .unwrap()
+            .unwrap();
+        // A dropped call takes its timers and its move of event time with it.
+        call(&mut c, 0, 900);
+        c.schedule_timer(Clock::Event, 600, b"e", None)
+            .unwrap()
+            .unwrap();
+        c.drop_call();
+        assert_eq!(c.slot_event_time(0).unwrap(), 250);
+        assert_eq!(c.pending_timers(0..1).unwrap(), 1);
+    }
+}
