@@ -32,6 +32,31 @@
 //! }
 //! ```
 //!
+//! ## Time
+//! Timers call a processor back for a key once a clock reaches a time; they are state, and fire
+//! exactly once. Entries can expire (`set_with_ttl`). A window that counts per key and sends its
+//! count when it closes (see `plugins/windowed-count` for the whole of it):
+//!
+//! ```rust,ignore
+//! use baton_sdk::{Context, Message, Result, TimeKind, Timer};
+//!
+//! #[baton_sdk::processor(on_timer = close)]
+//! fn process(msg: &Message, ctx: &mut Context) -> Result<()> {
+//!     let Some(key) = msg.key else { return Ok(()) };
+//!     let end = (msg.timestamp / 1000 + 1) * 1000;
+//!     if ctx.increment("windows", key, 1)? == 1 {
+//!         ctx.schedule(TimeKind::EventTime, end, key, None)?;
+//!     }
+//!     Ok(())
+//! }
+//!
+//! fn close(timer: &Timer, ctx: &mut Context) -> Result<()> {
+//!     let n = ctx.counter("windows", timer.key)?;
+//!     ctx.send("counts", Some(timer.key), Some(n.to_string().as_bytes()))?;
+//!     ctx.delete("windows", timer.key)
+//! }
+//! ```
+//!
 //! ## Batches
 //! The host hands the component a whole batch of one slot's records in one call, laid out as
 //! one buffer (contract 0.2's batch ABI), and [`Message`]s borrow from it: reading a record
