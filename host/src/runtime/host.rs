@@ -388,6 +388,14 @@ impl HostCtx {
         self.call_start = self.outputs.len();
     }
 
+    /// Forgets what was read and cached from state (values, event times, which stores have
+    /// expiries): after a restore wrote under it.
+    pub fn forget_cached_state(&mut self) {
+        self.overlay.forget_cache();
+        self.event_times.clear();
+        self.expiring.clear();
+    }
+
     /// Forgets the resources and WASI state of a dropped instance before a new one is made.
     pub fn reset_instance_resources(&mut self) {
         self.table = ResourceTable::new();

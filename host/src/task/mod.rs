@@ -736,7 +736,7 @@ impl PartitionTask {
             .map_err(SessionError::Retry)?;
         // `init` ran before the restore and may have read (and cached) what the restore then
         // overwrote.
-        inst.ctx().overlay.forget_cache();
+        inst.ctx().forget_cached_state();
         let replay_generation = self.replays.generation();
         let next = io
             .positions(&self.db, &self.replays.ranges())
