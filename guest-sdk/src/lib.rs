@@ -300,6 +300,11 @@ pub struct Context {
     timestamp: i64,
     /// The slot's event time.
     event_time: i64,
+    /// The slot of the current call.
+    slot: u32,
+    /// Timers this instance knows are scheduled, per slot (by [`windows::Windows`]), so that it
+    /// schedules each once; forgotten with the call's effects when a call fails.
+    scheduled: std::collections::HashSet<(u32, Vec<u8>)>,
 }
 
 impl Context {
@@ -549,6 +554,7 @@ impl Context {
             s.discard();
         }
         self.out.discard();
+        self.scheduled.clear();
     }
 
     /// Runs `body` and then flushes; on any error nothing buffered survives into the next call.
@@ -560,6 +566,8 @@ impl Context {
         r
     }
 }
+
+pub mod windows;
 
 /// Support for the code `#[processor]` generates. Not a public API.
 #[doc(hidden)]
@@ -594,6 +602,7 @@ pub mod __private {
         CONTEXT.with(|c| {
             let mut ctx = c.borrow_mut();
             ctx.event_time = batch.event_time;
+            ctx.slot = batch.slot;
             ctx.run(|ctx| {
                 for r in batch.records.chunks_exact(5) {
                     let (first, count) = ((r[4] >> 32) as usize, (r[4] & 0xffff_ffff) as usize);
@@ -622,6 +631,7 @@ pub mod __private {
     /// Calls `f` for each timer that fell due, then hands the buffered writes and outputs to
     /// the host. Without `f` timers are acknowledged and dropped.
     pub fn on_timers(
+        slot: u32,
         event_time: i64,
         fired: Vec<Fired>,
         f: Option<fn(&Timer, &mut Context) -> Result<()>>,
@@ -632,6 +642,7 @@ pub mod __private {
         CONTEXT.with(|c| {
             let mut ctx = c.borrow_mut();
             ctx.event_time = event_time;
+            ctx.slot = slot;
             ctx.run(|ctx| {
                 for t in &fired {
                     let timer = Timer {

@@ -66,11 +66,11 @@ pub fn processor(attr: TokenStream, item: TokenStream) -> TokenStream {
             }
 
             fn on_timers(
-                _slot: u32,
+                slot: u32,
                 event_time: i64,
                 fired: ::std::vec::Vec<::baton_sdk::__private::Fired>,
             ) -> ::baton_sdk::Result<()> {
-                ::baton_sdk::__private::on_timers(event_time, fired, #fire)
+                ::baton_sdk::__private::on_timers(slot, event_time, fired, #fire)
             }
         }
 
