@@ -217,6 +217,16 @@ impl Config {
     }
 }
 
+/// Appends `bytes` to a batched call's data and names them.
+fn push_span(data: &mut Vec<u8>, bytes: &[u8]) -> Span {
+    let start = data.len() as u32;
+    data.extend_from_slice(bytes);
+    Span {
+        start,
+        len: bytes.len() as u32,
+    }
+}
+
 /// A store the processor opened, with its writes not yet handed to the host.
 struct OpenStore {
     name: String,
@@ -227,12 +237,7 @@ struct OpenStore {
 
 impl OpenStore {
     fn span(&mut self, bytes: &[u8]) -> Span {
-        let start = self.data.len() as u32;
-        self.data.extend_from_slice(bytes);
-        Span {
-            start,
-            len: bytes.len() as u32,
-        }
+        push_span(&mut self.data, bytes)
     }
 
     fn flush(&mut self) -> Result<()> {
@@ -261,12 +266,7 @@ struct Outbox {
 
 impl Outbox {
     fn span(&mut self, bytes: &[u8]) -> Span {
-        let start = self.data.len() as u32;
-        self.data.extend_from_slice(bytes);
-        Span {
-            start,
-            len: bytes.len() as u32,
-        }
+        push_span(&mut self.data, bytes)
     }
 
     fn flush(&mut self) -> Result<()> {

@@ -513,6 +513,15 @@ impl HostCtx {
         self.read(store, key)
     }
 
+    /// The values of many keys, in the order asked.
+    pub fn get_values(
+        &mut self,
+        store: usize,
+        keys: &[Vec<u8>],
+    ) -> wasmtime::Result<Vec<Option<Vec<u8>>>> {
+        keys.iter().map(|k| self.get_value(store, k)).collect()
+    }
+
     /// Sets `key` to `value`, checking the limits; an expiry it had is gone.
     pub fn set_value(
         &mut self,
@@ -843,11 +852,7 @@ mod contract_0_1 {
             keys: Vec<Vec<u8>>,
         ) -> wasmtime::Result<Result<Vec<Option<Vec<u8>>>, WitError>> {
             let store = self.table.get(&h)?.store;
-            let mut out = Vec::with_capacity(keys.len());
-            for k in keys {
-                out.push(self.get_value(store, &k)?);
-            }
-            Ok(Ok(out))
+            Ok(Ok(self.get_values(store, &keys)?))
         }
 
         fn set(
@@ -984,11 +989,7 @@ mod contract_0_2 {
             keys: Vec<Vec<u8>>,
         ) -> wasmtime::Result<Result<Vec<Option<Vec<u8>>>, WitError>> {
             let store = self.table.get(&h)?.store;
-            let mut out = Vec::with_capacity(keys.len());
-            for k in keys {
-                out.push(self.get_value(store, &k)?);
-            }
-            Ok(Ok(out))
+            Ok(Ok(self.get_values(store, &keys)?))
         }
 
         fn set(

@@ -500,8 +500,7 @@ impl PartitionTask {
                     0
                 } else {
                     let n = new.ctx().pending_timers(self.slots.clone());
-                    host_fault(&mut new)?;
-                    n.map_err(|e| SessionError::Retry(e.into()))?
+                    host_op(&mut new, n)?
                 };
                 tracing::info!(version = %target.version, pause_us, "module swapped");
                 self.events.push(
@@ -601,8 +600,7 @@ impl PartitionTask {
         inst.ctx().begin_call(cursor.clone());
         let now = crate::runtime::host::now_ms();
         let swept = inst.ctx().sweep_expired(slot, now, MAX_SWEEP);
-        host_fault(&mut inst)?;
-        let mut n = swept.map_err(|e| SessionError::Retry(e.into()))?;
+        let mut n = host_op(&mut inst, swept)?;
         inst.ctx().keep_call();
         if !inst.takes_timers() {
             return Ok((inst, n));
@@ -611,8 +609,7 @@ impl PartitionTask {
         for _ in 0..MAX_TIMER_CALLS {
             inst.ctx().begin_call(cursor.clone());
             let due = inst.ctx().due_timers(slot, now, MAX_TIMERS_PER_CALL);
-            host_fault(&mut inst)?;
-            let due = due.map_err(|e| SessionError::Retry(e.into()))?;
+            let due = host_op(&mut inst, due)?;
             let Some(first) = due.first() else {
                 inst.ctx().keep_call();
                 break;
@@ -636,22 +633,12 @@ impl PartitionTask {
     ) -> Result<Instance, SessionError> {
         let cursor = inst.ctx().cursor.clone();
         let removed = inst.ctx().remove_timers(due);
-        host_fault(&mut inst)?;
-        removed.map_err(|e| SessionError::Retry(e.into()))?;
+        host_op(&mut inst, removed)?;
         let result = inst.on_timers(due, ticks);
-        self.take_logs(&mut inst);
-        host_fault(&mut inst)?;
-        let err = match result {
-            Ok(()) => {
-                inst.ctx().keep_call();
-                return Ok(inst);
-            }
-            Err(e) => e,
+        let (mut inst, err) = self.end_call(inst, target, result)?;
+        let Some(err) = err else {
+            return Ok(inst);
         };
-        inst.ctx().drop_call();
-        if matches!(err, CallError::Trap(_)) {
-            inst = self.replace_instance(target, inst)?;
-        }
         if due.len() > 1 {
             for t in due {
                 inst.ctx().begin_call(Cursor {
@@ -666,8 +653,7 @@ impl PartitionTask {
         let t = &due[0];
         inst.ctx().begin_call(cursor.clone());
         let removed = inst.ctx().remove_timers(due);
-        host_fault(&mut inst)?;
-        removed.map_err(|e| SessionError::Retry(e.into()))?;
+        host_op(&mut inst, removed)?;
         inst.ctx().keep_call();
         let clock = match t.clock {
             crate::runtime::time::Clock::Event => "event-time",
@@ -1186,19 +1172,10 @@ impl PartitionTask {
         };
         inst.ctx().begin_call(cursor(&msgs[0]));
         let result = inst.process(msgs, ticks);
-        self.take_logs(&mut inst);
-        host_fault(&mut inst)?;
-        let err = match result {
-            Ok(()) => {
-                inst.ctx().keep_call();
-                return Ok(inst);
-            }
-            Err(e) => e,
+        let (mut inst, err) = self.end_call(inst, target, result)?;
+        let Some(err) = err else {
+            return Ok(inst);
         };
-        inst.ctx().drop_call();
-        if matches!(err, CallError::Trap(_)) {
-            inst = self.replace_instance(target, inst)?;
-        }
         if msgs.len() == 1 {
             self.dead_letter(&mut inst, &msgs[0], &err, dlq);
             return Ok(inst);
@@ -1210,20 +1187,38 @@ impl PartitionTask {
         for m in msgs {
             inst.ctx().begin_call(cursor(m));
             let result = inst.process(std::slice::from_ref(m), ticks);
-            self.take_logs(&mut inst);
-            host_fault(&mut inst)?;
-            match result {
-                Ok(()) => inst.ctx().keep_call(),
-                Err(e) => {
-                    inst.ctx().drop_call();
-                    if matches!(e, CallError::Trap(_)) {
-                        inst = self.replace_instance(target, inst)?;
-                    }
-                    self.dead_letter(&mut inst, m, &e, dlq);
-                }
+            let (next, err) = self.end_call(inst, target, result)?;
+            inst = next;
+            if let Some(e) = err {
+                self.dead_letter(&mut inst, m, &e, dlq);
             }
         }
         Ok(inst)
+    }
+
+    /// Ends a guest call: its logs go to the events, a host fault ends the session, and the
+    /// call's effects are kept, or dropped with its error (a trapped instance is replaced).
+    fn end_call(
+        &self,
+        mut inst: Instance,
+        target: &Target,
+        result: Result<(), CallError>,
+    ) -> Result<(Instance, Option<CallError>), SessionError> {
+        self.take_logs(&mut inst);
+        host_fault(&mut inst)?;
+        match result {
+            Ok(()) => {
+                inst.ctx().keep_call();
+                Ok((inst, None))
+            }
+            Err(e) => {
+                inst.ctx().drop_call();
+                if matches!(e, CallError::Trap(_)) {
+                    inst = self.replace_instance(target, inst)?;
+                }
+                Ok((inst, Some(e)))
+            }
+        }
     }
 
     /// Moves the guest's log lines of the last call into the pipeline's events.
@@ -1490,6 +1485,13 @@ fn host_fault(inst: &mut Instance) -> Result<(), SessionError> {
             "host failure during a guest call: {f}; the batch is processed again"
         ))),
     }
+}
+
+/// The result of a host operation on state outside a guest call (timers, expiries): a failure
+/// ends the session, as a host fault during a call does.
+fn host_op<T>(inst: &mut Instance, r: wasmtime::Result<T>) -> Result<T, SessionError> {
+    host_fault(inst)?;
+    r.map_err(|e| SessionError::Retry(e.into()))
 }
 
 /// A dead letter as the record it was: its topic and offset from the `baton.*` headers, which
