@@ -202,7 +202,9 @@ async fn on_kafka_each_window_is_sent_once_across_kill_9_and_a_restore() -> anyh
         .await?;
 
     // A producer in the background, chunk by chunk; records keep their order per slot.
-    let records = input(40_000);
+    // More than the test can send before it stops the producer: input never runs dry between
+    // kills, whatever the speed of the restarts.
+    let records = input(400_000);
     let stop = Arc::new(AtomicBool::new(false));
     let producer = {
         let (topic, stop, records) = (topic.clone(), stop.clone(), records.clone());
