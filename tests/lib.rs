@@ -320,6 +320,20 @@ impl Api {
         .await
     }
 
+    /// The lookup answer for `key` in `store`, or `None` when the key is missing (404).
+    pub async fn lookup(&self, pipeline: &str, store: &str, key: &str) -> Result<Option<Value>> {
+        let r = self
+            .get(&format!(
+                "/api/v1/pipelines/{pipeline}/stores/{store}/keys/{key}"
+            ))
+            .await?;
+        match r.status {
+            404 => Ok(None),
+            200 => Ok(Some(r.body)),
+            s => bail!("lookup {key}: {s} {}", r.body),
+        }
+    }
+
     /// The counter of `key` in `store`, or `None` when the key is missing (404).
     pub async fn counter(&self, pipeline: &str, store: &str, key: &str) -> Result<Option<i64>> {
         let r = self

@@ -4,7 +4,7 @@
 //! [`processor`] attribute turns it into a WebAssembly component of the
 //! `baton:processor@0.2.0` world; you never depend on `wit-bindgen` yourself.
 //!
-//! ```rust,ignore
+//! ```rust,no_run
 //! use baton_sdk::{Context, Message, Result};
 //!
 //! /// Counts records per key into the store `counts`.
@@ -22,7 +22,9 @@
 //!
 //! A setup function can read the pipeline's config once per instance:
 //!
-//! ```rust,ignore
+//! ```rust,no_run
+//! use baton_sdk::{Context, Message, Result};
+//!
 //! #[baton_sdk::processor(init = setup)]
 //! fn process(msg: &Message, ctx: &mut Context) -> Result<()> { Ok(()) }
 //!
@@ -35,9 +37,10 @@
 //! ## Time
 //! Timers call a processor back for a key once a clock reaches a time; they are state, and fire
 //! exactly once. Entries can expire (`set_with_ttl`). A window that counts per key and sends its
-//! count when it closes (see `plugins/windowed-count` for the whole of it):
+//! count when it closes (see `plugins/windowed-count` for the whole of it, and
+//! [`windows`] for tumbling and hopping windows and sessions ready-made):
 //!
-//! ```rust,ignore
+//! ```rust,no_run
 //! use baton_sdk::{Context, Message, Result, TimeKind, Timer};
 //!
 //! #[baton_sdk::processor(on_timer = close)]
@@ -381,6 +384,22 @@ impl Context {
         let expiry = Expiry {
             kind: TimeKind::EventTime,
             at,
+        };
+        self.set_with_expiry(store, key, value, Some(expiry))
+    }
+
+    /// Sets `key` to `value`, to expire `ttl_ms` from now on the host's wall clock (processing
+    /// time).
+    pub fn set_with_processing_ttl(
+        &mut self,
+        store: &str,
+        key: &[u8],
+        value: &[u8],
+        ttl_ms: i64,
+    ) -> Result<()> {
+        let expiry = Expiry {
+            kind: TimeKind::ProcessingTime,
+            at: self.processing_time().saturating_add(ttl_ms),
         };
         self.set_with_expiry(store, key, value, Some(expiry))
     }
