@@ -43,6 +43,10 @@ KEYS = 20_000
 TICK = os.sysconf("SC_CLK_TCK")
 BATON_BIN = os.environ["BATON_BIN"]
 PLUGIN = os.environ["BATON_WORD_COUNT"]
+# `windowed`: windowed-count (1 s tumbling windows, 200 ms grace, final counts sent when a window
+# closes) against Kafka Streams' windowedBy(...).count().suppress(untilWindowCloses(...)).
+TOPOLOGY = os.environ.get("BATON_STEADY_TOPOLOGY", "count")
+WINDOW_MS, GRACE_MS = 1000, 200
 KSTREAMS_CP = os.environ["BATON_KSTREAMS_CP"]
 BROKER_PID = int(open(os.environ["BATON_BROKER_PIDFILE"]).read().strip())
 RUN_ID = f"{os.getpid()}-{int(time.time())}"
@@ -169,12 +173,24 @@ def run_baton(topic, guarantee, n):
                 raise RuntimeError("baton did not start")
             time.sleep(0.05)
         base = "http://" + open(addr).read().strip()
-        http(base, "POST", "/api/v1/modules?name=word-count&version=1",
-             open(PLUGIN, "rb").read(), "application/wasm")
-        spec = {
-            "name": "wc", "module": "word-count", "version": "1", "inputs": [topic],
-            "stores": ["counts"], "slots": SLOTS, "partitions": 2, "guarantee": guarantee,
-        }
+        if TOPOLOGY == "windowed":
+            http(base, "POST", "/api/v1/modules?name=windowed-count&version=1",
+                 open(os.environ["BATON_WINDOWED_COUNT"], "rb").read(), "application/wasm")
+            spec = {
+                "name": "wc", "module": "windowed-count", "version": "1", "inputs": [topic],
+                "outputs": [f"steady-out-{RUN_ID}-{n}", f"steady-late-{RUN_ID}-{n}"],
+                "stores": ["windows"], "slots": SLOTS, "partitions": 2, "guarantee": guarantee,
+                "config": {"window_ms": WINDOW_MS, "grace_ms": GRACE_MS,
+                           "output": f"steady-out-{RUN_ID}-{n}",
+                           "late": f"steady-late-{RUN_ID}-{n}"},
+            }
+        else:
+            http(base, "POST", "/api/v1/modules?name=word-count&version=1",
+                 open(PLUGIN, "rb").read(), "application/wasm")
+            spec = {
+                "name": "wc", "module": "word-count", "version": "1", "inputs": [topic],
+                "stores": ["counts"], "slots": SLOTS, "partitions": 2, "guarantee": guarantee,
+            }
         if COMMIT_INTERVAL is not None:
             spec["commit_interval_ms"] = int(COMMIT_INTERVAL)
         http(base, "POST", "/api/v1/pipelines", json.dumps(spec).encode())
@@ -187,9 +203,18 @@ def run_baton(topic, guarantee, n):
 def run_kstreams(topic, guarantee, n):
     app = f"steady-ks-{RUN_ID}-{n}"
     log = tempfile.NamedTemporaryFile(prefix="kstreams-", suffix=".log", delete=False)
+    if TOPOLOGY == "windowed":
+        # The broker creates no topics on its own: the output must exist before Kafka Streams
+        # sends to it (baton creates its outputs itself).
+        out = f"steady-ks-out-{RUN_ID}-{n}"
+        admin = AdminClient({"bootstrap.servers": BOOT})
+        admin.create_topics([NewTopic(out, SLOTS, 1)])[out].result()
+        args = ["WindowedCount", BOOT, topic, app, guarantee, "2", out,
+                str(WINDOW_MS), str(GRACE_MS)]
+    else:
+        args = ["WordCount", BOOT, topic, app, guarantee, "2", "serve"]
     proc = subprocess.Popen(
-        ["java", "-Xms512m", "-Xmx2g", "-cp", KSTREAMS_CP, "WordCount", BOOT, topic, app,
-         guarantee, "2", "serve"],
+        ["java", "-Xms512m", "-Xmx2g", "-cp", KSTREAMS_CP] + args,
         stdout=subprocess.DEVNULL, stderr=log)
     try:
         return measure(proc, app, topic, "Kafka Streams")
@@ -236,7 +261,9 @@ def main():
 
     med = lambda xs, k: statistics.median(x[k] for x in xs)
     ceiling = med(bare, "rate")
-    print(f"\nsteady state, {N:,} records over {SLOTS} partitions produced by librdkafka "
+    what = ("windowed-count (1 s tumbling windows, 200 ms grace, suppressed until closed)"
+            if TOPOLOGY == "windowed" else "word-count (groupByKey().count())")
+    print(f"\n{what}: steady state, {N:,} records over {SLOTS} partitions produced by librdkafka "
           f"(default partitioner), {KEYS:,} keys; median of {ROUNDS} alternating rounds; "
           "window from 25% to 100% of the records committed\n")
     print("| guarantee | Kafka Streams records/s | baton records/s | baton / KS | "
