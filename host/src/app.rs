@@ -10,7 +10,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
-use serde::Serialize;
 
 use crate::cluster::pipeline::{changelog_topic, dlq_topic};
 use crate::cluster::{
@@ -18,13 +17,16 @@ use crate::cluster::{
     PipelineRecord, PipelineSpec, PipelineUpdate, ReplayRange, Start, SwapRecord, now_ms,
 };
 use crate::error::{Error, Result};
+use crate::http::model::{
+    Lookup, LookupMatch, PartitionInfo, PartitionState, PipelineInfo, PipelinePatch, PipelinePhase,
+    ProduceRecord, Produced, ScanPage, SwapPartition, SwapResult, SwapStatus,
+};
 use crate::runtime::{Module, NativeModule, OutputTopic, Runtime, WriteLimits};
 use crate::state::{PartitionDb, StateEnv, slot_key};
 use crate::task::kafka::KafkaIo;
 use crate::task::{
-    EmbeddedIo, Event, EventLog, IoFactory, LoopTimeMs, ModuleTarget, PartitionIo, PartitionStatus,
-    PartitionTask, Phase, ReplayPlan, ReplayProgress, RestoreProgress, RollbackHook, Settings,
-    SlotProgress, SwapOutcome, SwapReport, TaskConfig,
+    EmbeddedIo, Event, EventLog, IoFactory, ModuleTarget, PartitionIo, PartitionStatus,
+    PartitionTask, Phase, ReplayPlan, RollbackHook, Settings, SwapOutcome, TaskConfig,
 };
 use crate::transport::embedded::EmbeddedLog;
 use crate::transport::kafka::{KafkaConfig, KafkaTransport};
@@ -91,133 +93,6 @@ pub struct PartitionHandle {
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
-/// A partition as `GET /api/v1/partitions` shows it.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct PartitionInfo {
-    /// Partition id.
-    pub id: String,
-    /// Pipeline name.
-    pub pipeline: String,
-    /// `[start, end)`.
-    pub slots: [u32; 2],
-    /// Owning host.
-    pub owner: String,
-    /// Epoch.
-    pub epoch: u64,
-    /// `starting`, `restoring`, `running`, `recovering`, `stopped` or `failed`.
-    pub state: String,
-    /// Progress of the last restore.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub restore: Option<RestoreProgress>,
-    /// Why it failed, when it did.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// Per input slot: next offset to process and the end of the topic partition.
-    pub offsets: Vec<SlotProgress>,
-    /// Records not yet processed.
-    pub lag: u64,
-    /// Records processed since the host started.
-    pub records: u64,
-    /// Records dead-lettered since the host started.
-    pub dead_letters: u64,
-    /// Last processing error.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
-    /// Milliseconds the partition loop spent fetching, processing and committing.
-    pub time_ms: LoopTimeMs,
-    /// The module version it runs.
-    pub version: String,
-    /// Its last hot swap.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_swap: Option<SwapReport>,
-    /// Replays of dead letters in progress, per slot.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub replay: Vec<ReplayProgress>,
-}
-
-/// A pipeline as `GET /api/v1/pipelines` shows it.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct PipelineInfo {
-    /// The spec.
-    #[serde(flatten)]
-    pub spec: PipelineSpec,
-    /// sha256 of the running module.
-    pub sha256: String,
-    /// The dead-letter topic.
-    pub dlq: String,
-    /// Creation time (ms since the epoch).
-    pub created_at: i64,
-    /// The last swaps of its module version, with the reason of automatic rollbacks.
-    pub swaps: Vec<SwapRecord>,
-    /// `starting`, `running`, `failed` or `deleting`.
-    pub phase: PipelinePhase,
-    /// Why it failed, when it did.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-}
-
-/// What a pipeline is doing, as `GET /api/v1/pipelines/{p}` shows it.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, schemars::JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum PipelinePhase {
-    /// Its partitions are starting or restoring.
-    Starting,
-    /// Every partition runs.
-    Running,
-    /// It could not start, or a partition failed for good; `reason` says why.
-    Failed,
-    /// It is being deleted.
-    Deleting,
-}
-
-/// The body of `PATCH /api/v1/pipelines/{p}`: what to change; what is absent stays.
-#[derive(Debug, Clone, Default, serde::Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PipelinePatch {
-    /// New guest limits (all of them: absent fields take their defaults).
-    pub limits: Option<crate::cluster::pipeline::GuestLimits>,
-    /// New config for `init`.
-    pub config: Option<serde_json::Map<String, serde_json::Value>>,
-    /// New swap policy.
-    pub swap: Option<crate::task::SwapPolicy>,
-    /// New WASI grants.
-    pub wasi: Option<crate::runtime::host::WasiGrants>,
-    /// New commit interval, in milliseconds.
-    pub commit_interval_ms: Option<u64>,
-}
-
-/// The answer to a hot swap.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct SwapResult {
-    /// The pipeline.
-    pub pipeline: String,
-    /// The version asked for.
-    pub version: String,
-    /// The version running now.
-    pub running: String,
-    /// `swapped`, `unchanged` (already running it), `rolled-back`, or `pending` (not every
-    /// partition reached a batch boundary in time).
-    pub outcome: String,
-    /// Why it was rolled back.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// What the swap leaves that needs attention, e.g. timers the new version cannot take.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub warnings: Vec<String>,
-    /// Per partition: what it did and its pause.
-    pub partitions: Vec<SwapPartition>,
-}
-
-/// One partition's part of a swap.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct SwapPartition {
-    /// Partition id.
-    pub id: String,
-    /// Its report, once it reached a batch boundary.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub report: Option<SwapReport>,
-}
-
 /// Where a slot's state lives, as an [`OwnerResolver`] answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Owner {
@@ -247,84 +122,6 @@ impl OwnerResolver for LocalResolver {
     fn owner(&self, _pipeline: &str, _slot: u32) -> Owner {
         Owner::Local
     }
-}
-
-/// One page of a scan.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct ScanPage {
-    /// Entries in (slot, key) order.
-    pub items: Vec<Lookup>,
-    /// Pass as `cursor` to get the next page; absent on the last page.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub next_cursor: Option<String>,
-    /// True if a partition scanned was restoring: values may be older than the changelog.
-    pub restoring: bool,
-}
-
-/// The answer to a state lookup.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct Lookup {
-    /// The key asked for.
-    pub key: String,
-    /// The value as UTF-8, or null when it is not UTF-8.
-    pub value: Option<String>,
-    /// The value in base64.
-    pub value_base64: String,
-    /// The value as a counter, when it has 8 bytes (Kafka's LongSerializer).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub value_i64: Option<i64>,
-    /// The key's slot.
-    pub slot: u32,
-    /// The partition owning the slot.
-    pub partition: String,
-    /// The host owning the partition.
-    pub owner: String,
-    /// True while the partition restores: the value may be older than the changelog.
-    pub restoring: bool,
-    /// Every slot holding the key (producers with different partitioners put a key in several
-    /// slots), in the order searched: the murmur2 slot first. Absent in scan pages.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub matches: Vec<LookupMatch>,
-}
-
-/// One slot holding a looked-up key.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct LookupMatch {
-    /// The slot.
-    pub slot: u32,
-    /// The partition owning it.
-    pub partition: String,
-    /// The host owning the partition.
-    pub owner: String,
-    /// The value as UTF-8, or null when it is not UTF-8.
-    pub value: Option<String>,
-    /// The value in base64.
-    pub value_base64: String,
-    /// The value as a counter, when it has 8 bytes.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub value_i64: Option<i64>,
-}
-
-/// One record to produce.
-#[derive(Debug, Clone)]
-pub struct ProduceRecord {
-    /// Key; `None` spreads records over slots round-robin.
-    pub key: Option<Vec<u8>>,
-    /// Value; `None` is a tombstone.
-    pub value: Option<Vec<u8>>,
-    /// Headers.
-    pub headers: Vec<(String, Vec<u8>)>,
-    /// Timestamp; `None` is now.
-    pub timestamp: Option<i64>,
-}
-
-/// Where a produced record landed.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, schemars::JsonSchema)]
-pub struct Produced {
-    /// Slot (partition of the topic).
-    pub slot: u32,
-    /// Offset in it.
-    pub offset: u64,
 }
 
 /// A baton host.
@@ -1091,7 +888,7 @@ impl Baton {
                     pipeline: pipeline.into(),
                     version: version.into(),
                     running: version.into(),
-                    outcome: "unchanged".into(),
+                    outcome: SwapStatus::Unchanged,
                     reason: None,
                     warnings: Vec::new(),
                     partitions: Vec::new(),
@@ -1171,11 +968,11 @@ impl Baton {
                 .and_then(|r| r.swaps.last().and_then(|s| s.rollback_reason.clone()));
         }
         let outcome = if reason.is_some() {
-            "rolled-back"
+            SwapStatus::RolledBack
         } else if partitions.iter().all(|p| p.report.is_some()) {
-            "swapped"
+            SwapStatus::Swapped
         } else {
-            "pending"
+            SwapStatus::Pending
         };
         let timers: u64 = partitions
             .iter()
@@ -1193,7 +990,7 @@ impl Baton {
             pipeline: pipeline.into(),
             version: version.into(),
             running: target.get().version,
-            outcome: outcome.into(),
+            outcome,
             reason,
             warnings,
             partitions,
@@ -1566,12 +1363,12 @@ impl Baton {
                 let offsets = h.status.progress.lock().clone();
                 let lag = offsets.iter().map(|o| o.end.saturating_sub(o.offset)).sum();
                 let (state, error) = match &*h.status.phase.lock() {
-                    Phase::Starting => ("starting".to_string(), None),
-                    Phase::Restoring => ("restoring".to_string(), None),
-                    Phase::Recovering(e) => ("recovering".to_string(), Some(e.clone())),
-                    Phase::Running => ("running".to_string(), None),
-                    Phase::Stopped => ("stopped".to_string(), None),
-                    Phase::Failed(e) => ("failed".to_string(), Some(e.clone())),
+                    Phase::Starting => (PartitionState::Starting, None),
+                    Phase::Restoring => (PartitionState::Restoring, None),
+                    Phase::Recovering(e) => (PartitionState::Recovering, Some(e.clone())),
+                    Phase::Running => (PartitionState::Running, None),
+                    Phase::Stopped => (PartitionState::Stopped, None),
+                    Phase::Failed(e) => (PartitionState::Failed, Some(e.clone())),
                 };
                 PartitionInfo {
                     id: h.id.clone(),

@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use baton::app::ProduceRecord;
 use baton::cluster::PipelineSpec;
+use baton::http::model::ProduceRecord;
 use baton::{Baton, HostConfig};
 
 fn run(records: usize, partitions: u32) -> f64 {

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, Result, bail};
+use baton::http::model::PartitionState;
 use baton::runtime::{HostCtx, Message, NativeModule, NativeProcessor, NativeStore};
 use baton::{Baton, HostConfig};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -135,7 +136,7 @@ fn create(baton: &Baton, spec: serde_json::Value) -> Result<()> {
 fn processed(baton: &Baton, pipeline: &str) -> Result<u64> {
     let mut done = 0;
     for p in baton.partitions().iter().filter(|p| p.pipeline == pipeline) {
-        if p.state == "failed" {
+        if p.state == PartitionState::Failed {
             bail!("partition {} failed: {:?}", p.id, p.error);
         }
         done += p.offsets.iter().map(|o| o.offset).sum::<u64>();
@@ -313,7 +314,7 @@ fn latency(
     wait_until(&format!("{name} to run"), Duration::from_secs(60), || {
         let parts = baton.partitions();
         let mine: Vec<_> = parts.iter().filter(|p| p.pipeline == name).collect();
-        Ok(!mine.is_empty() && mine.iter().all(|p| p.state == "running"))
+        Ok(!mine.is_empty() && mine.iter().all(|p| p.state == PartitionState::Running))
     })?;
 
     let consumer: BaseConsumer = client(&[
@@ -582,9 +583,9 @@ fn main() -> Result<()> {
             .filter(|p| p.pipeline == "wc-wasm-eos")
             .collect();
         let done = mine.len() == PARTITIONS as usize
-            && mine
-                .iter()
-                .all(|p| p.state == "running" && p.restore.as_ref().is_some_and(|r| r.finished));
+            && mine.iter().all(|p| {
+                p.state == PartitionState::Running && p.restore.as_ref().is_some_and(|r| r.finished)
+            });
         if done {
             restored = mine
                 .iter()

@@ -4,6 +4,7 @@
 pub mod error;
 mod host;
 mod metrics;
+pub mod model;
 mod modules;
 pub mod openapi;
 mod partitions;
@@ -96,7 +97,7 @@ async fn readyz(
     let parts = baton.partitions();
     let waiting: Vec<_> = parts
         .iter()
-        .filter(|p| p.state != "running")
+        .filter(|p| p.state != model::PartitionState::Running)
         .map(|p| serde_json::json!({ "id": p.id, "state": p.state, "error": p.error }))
         .collect();
     if waiting.is_empty() {

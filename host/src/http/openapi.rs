@@ -8,11 +8,11 @@ use serde_json::{Map, Value, json};
 
 use super::pipelines::{ReplayBody, SwapBody};
 use super::topics::{NewRecord, ReadOut, TopicInfo};
-use crate::app::{
-    Lookup, PartitionInfo, PipelineInfo, PipelinePatch, Produced, ScanPage, SwapResult,
-};
 use crate::cluster::{
     DeadLetterReplay, ModuleDeletion, ModuleRecord, PipelineDeletion, PipelineSpec,
+};
+use crate::http::model::{
+    Lookup, PartitionInfo, PipelineInfo, PipelinePatch, Produced, ScanPage, SwapResult,
 };
 use crate::task::Event;
 

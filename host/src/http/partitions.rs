@@ -5,7 +5,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 
 use super::AppState;
-use crate::app::PartitionInfo;
+use crate::http::model::PartitionInfo;
 
 pub(super) fn router() -> Router<AppState> {
     Router::new().route("/api/v1/partitions", get(list))

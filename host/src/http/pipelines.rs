@@ -7,9 +7,9 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router};
 
 use super::{ApiError, AppState, blocking};
-use crate::app::{Lookup, PipelineInfo, PipelinePatch, ScanPage, SwapResult};
 use crate::cluster::{DeadLetterReplay, PipelineDeletion, PipelineSpec};
 use crate::error::Error;
+use crate::http::model::{Lookup, PipelineInfo, PipelinePatch, ScanPage, SwapResult, SwapStatus};
 use crate::task::Event;
 
 pub(super) fn router() -> Router<AppState> {
@@ -169,8 +169,8 @@ async fn swap(
     let Path(pipeline) = path?;
     let Json(body) = body?;
     let result = blocking(move || baton.swap_module(&pipeline, &body.version, SWAP_WAIT)).await?;
-    match result.outcome.as_str() {
-        "rolled-back" => Err(ApiError::new(
+    match result.outcome {
+        SwapStatus::RolledBack => Err(ApiError::new(
             StatusCode::CONFLICT,
             format!(
                 "version `{}` was rolled back; `{}` runs: {}",
@@ -179,7 +179,7 @@ async fn swap(
                 result.reason.as_deref().unwrap_or("no reason recorded")
             ),
         )),
-        "pending" => Ok((StatusCode::ACCEPTED, Json(result))),
+        SwapStatus::Pending => Ok((StatusCode::ACCEPTED, Json(result))),
         _ => Ok((StatusCode::OK, Json(result))),
     }
 }

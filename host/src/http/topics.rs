@@ -11,7 +11,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use serde::{Deserialize, Serialize};
 
 use super::{ApiError, AppState, JSON_LIMIT, blocking};
-use crate::app::{ProduceRecord, Produced};
+use crate::http::model::{ProduceRecord, Produced};
 
 pub(super) fn router() -> Router<AppState> {
     Router::new()

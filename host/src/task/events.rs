@@ -13,6 +13,22 @@ use crate::runtime::Cursor;
 /// How many events a pipeline keeps.
 pub const EVENTS_KEPT: usize = 1000;
 
+/// What an event is about.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum EventKind {
+    /// A guest log line.
+    Log,
+    /// A record the guest failed on (an error it returned), sent to the dead-letter topic.
+    Error,
+    /// A record the guest trapped on, sent to the dead-letter topic.
+    Trap,
+    /// A module swap.
+    Swap,
+    /// A rollback of a swap.
+    Rollback,
+}
+
 /// One event.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Event {
@@ -20,8 +36,8 @@ pub struct Event {
     pub seq: u64,
     /// Milliseconds since the Unix epoch.
     pub at: i64,
-    /// `log`, `error`, `trap`, `swap` or `rollback`.
-    pub kind: &'static str,
+    /// What it is about.
+    pub kind: EventKind,
     /// For `log`: the guest's level.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub level: Option<&'static str>,
@@ -51,7 +67,7 @@ impl EventLog {
     /// Records an event about the record at `cursor` (if any).
     pub fn push(
         &self,
-        kind: &'static str,
+        kind: EventKind,
         level: Option<&'static str>,
         message: String,
         partition: &str,

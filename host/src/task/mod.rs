@@ -12,7 +12,7 @@ pub mod io;
 pub mod kafka;
 pub mod swap;
 
-pub use events::{Event, EventLog};
+pub use events::{Event, EventKind, EventLog};
 pub use io::{Batch, EmbeddedIo, PartitionIo, ReplayRanges, RestoreProgress, replay_window};
 pub use swap::{
     ModuleTarget, RollbackHook, Settings, SwapOutcome, SwapPolicy, SwapReport, SwapStatus, Target,
@@ -504,7 +504,7 @@ impl PartitionTask {
                 };
                 tracing::info!(version = %target.version, pause_us, "module swapped");
                 self.events.push(
-                    "swap",
+                    EventKind::Swap,
                     None,
                     format!(
                         "now running version {} (paused {pause_us} µs)",
@@ -539,7 +539,7 @@ impl PartitionTask {
         let pause_us = started.elapsed().as_micros() as u64;
         tracing::warn!(version = %target.version, "module version rolled back: {reason}");
         self.events.push(
-            "rollback",
+            EventKind::Rollback,
             None,
             format!("version {} rolled back: {reason}", target.version),
             &self.id,
@@ -661,7 +661,7 @@ impl PartitionTask {
         };
         let msg = format!("timer ({clock} at {}) failed: {err}", t.at);
         self.events.push(
-            "error",
+            EventKind::Error,
             None,
             format!("{msg}; sent to {dlq}"),
             &self.id,
@@ -894,7 +894,7 @@ impl PartitionTask {
                                 &m,
                                 "a dead letter that was cut to fit the dead-letter topic cannot \
                                  be replayed",
-                                "error",
+                                EventKind::Error,
                                 &dlq,
                             ));
                         }
@@ -1078,7 +1078,7 @@ impl PartitionTask {
             inst.ctx().overlay.discard_committing();
             restart = on_top;
             let reason = format!("{e:#}");
-            let dead = self.dead_letter_output(&one, &reason, "error", dlq);
+            let dead = self.dead_letter_output(&one, &reason, EventKind::Error, dlq);
             // Counted as a dead letter whether it commits or is dropped below.
             flight.dead_letters += 1;
             let dead_batch = Batch {
@@ -1093,7 +1093,7 @@ impl PartitionTask {
                 }
                 flight.outputs = 0;
                 self.events.push(
-                    "error",
+                    EventKind::Error,
                     None,
                     format!(
                         "record dropped: Kafka refused it ({reason}) and its dead letter \
@@ -1224,22 +1224,27 @@ impl PartitionTask {
     /// Moves the guest's log lines of the last call into the pipeline's events.
     fn take_logs(&self, inst: &mut Instance) {
         for l in std::mem::take(&mut inst.ctx().logs) {
-            self.events
-                .push("log", Some(l.level), l.message, &self.id, Some(&l.cursor));
+            self.events.push(
+                EventKind::Log,
+                Some(l.level),
+                l.message,
+                &self.id,
+                Some(&l.cursor),
+            );
         }
     }
 
     fn dead_letter(&self, inst: &mut Instance, m: &Message, err: &CallError, dlq: &str) {
         let kind = match err {
-            CallError::Guest(_) => "error",
-            CallError::Trap(_) => "trap",
+            CallError::Guest(_) => EventKind::Error,
+            CallError::Trap(_) => EventKind::Trap,
         };
         let out = self.dead_letter_output(m, &err.to_string(), kind, dlq);
         inst.ctx().push_dead_letter(out);
     }
 
     /// The dead letter of `m` with the reason `msg`, counted and reported as an event.
-    fn dead_letter_output(&self, m: &Message, msg: &str, kind: &'static str, dlq: &str) -> Output {
+    fn dead_letter_output(&self, m: &Message, msg: &str, kind: EventKind, dlq: &str) -> Output {
         let (topic, slot, offset) = (&m.topic, m.slot, m.offset);
         self.events.push(
             kind,
