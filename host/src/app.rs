@@ -18,11 +18,12 @@ use crate::cluster::{
 };
 use crate::error::{Error, Result};
 use crate::http::model::{
-    Lookup, LookupMatch, PartitionInfo, PartitionState, PipelineInfo, PipelinePatch, PipelinePhase,
-    ProduceRecord, Produced, ScanPage, SwapPartition, SwapResult, SwapStatus,
+    PartitionInfo, PartitionState, PipelineInfo, PipelinePatch, PipelinePhase, ProduceRecord,
+    Produced, SwapPartition, SwapResult, SwapStatus,
 };
+use crate::query::{LocalResolver, OwnerResolver};
 use crate::runtime::{Module, NativeModule, OutputTopic, Runtime, WriteLimits};
-use crate::state::{PartitionDb, StateEnv, slot_key};
+use crate::state::{PartitionDb, StateEnv};
 use crate::task::kafka::KafkaIo;
 use crate::task::{
     EmbeddedIo, Event, EventLog, IoFactory, ModuleTarget, PartitionIo, PartitionStatus,
@@ -93,72 +94,41 @@ pub struct PartitionHandle {
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
-/// Where a slot's state lives, as an [`OwnerResolver`] answers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Owner {
-    /// This host.
-    Local,
-    /// Another host of the cluster, reachable at `url`.
-    Remote {
-        /// Its host id.
-        host: String,
-        /// Its API's base URL.
-        url: String,
-    },
-}
-
-/// Answers which host owns a pipeline's slot, so that state queries can be sent there. Today a
-/// cluster has one host and the answer is always [`Owner::Local`]; multi-host clusters plug a
-/// resolver over the partition table here.
-pub trait OwnerResolver: Send + Sync {
-    /// The owner of `slot` of `pipeline`.
-    fn owner(&self, pipeline: &str, slot: u32) -> Owner;
-}
-
-/// The single-host resolver.
-pub struct LocalResolver;
-
-impl OwnerResolver for LocalResolver {
-    fn owner(&self, _pipeline: &str, _slot: u32) -> Owner {
-        Owner::Local
-    }
-}
-
 /// A baton host.
 pub struct Baton {
-    config: HostConfig,
-    control_topic: String,
-    modules_topic: String,
-    transport: Arc<dyn Transport>,
-    embedded: Option<Arc<EmbeddedLog>>,
-    kafka: Option<Arc<KafkaTransport>>,
-    state: Arc<StateEnv>,
-    runtime: Arc<Runtime>,
-    catalog: Mutex<Catalog>,
-    modules: RwLock<BTreeMap<String, Module>>,
-    partitions: RwLock<BTreeMap<String, Arc<PartitionHandle>>>,
+    pub(crate) config: HostConfig,
+    pub(crate) control_topic: String,
+    pub(crate) modules_topic: String,
+    pub(crate) transport: Arc<dyn Transport>,
+    pub(crate) embedded: Option<Arc<EmbeddedLog>>,
+    pub(crate) kafka: Option<Arc<KafkaTransport>>,
+    pub(crate) state: Arc<StateEnv>,
+    pub(crate) runtime: Arc<Runtime>,
+    pub(crate) catalog: Mutex<Catalog>,
+    pub(crate) modules: RwLock<BTreeMap<String, Module>>,
+    pub(crate) partitions: RwLock<BTreeMap<String, Arc<PartitionHandle>>>,
     /// Per pipeline: the module version its partitions should run.
-    targets: RwLock<BTreeMap<String, Arc<ModuleTarget>>>,
+    pub(crate) targets: RwLock<BTreeMap<String, Arc<ModuleTarget>>>,
     /// Per pipeline: the dead letters its partitions replay.
-    replay_plans: RwLock<BTreeMap<String, Arc<ReplayPlan>>>,
+    pub(crate) replay_plans: RwLock<BTreeMap<String, Arc<ReplayPlan>>>,
     /// Per pipeline: recent events.
-    events: RwLock<BTreeMap<String, Arc<EventLog>>>,
+    pub(crate) events: RwLock<BTreeMap<String, Arc<EventLog>>>,
     /// Who owns a slot (always this host for now).
-    resolver: Box<dyn OwnerResolver>,
+    pub(crate) resolver: Box<dyn OwnerResolver>,
     /// Itself, for the hooks partitions call back through.
-    me: std::sync::Weak<Baton>,
-    round_robin: AtomicU32,
+    pub(crate) me: std::sync::Weak<Baton>,
+    pub(crate) round_robin: AtomicU32,
     /// Serialises control-plane changes: held only around a log append and its apply, never
     /// across topic creation or module chunk appends.
-    control: Mutex<()>,
+    pub(crate) control: Mutex<()>,
     /// Pipeline names whose creation or deletion is in progress.
-    creating: Mutex<std::collections::BTreeSet<String>>,
+    pub(crate) creating: Mutex<std::collections::BTreeSet<String>>,
     /// Pipelines being deleted.
-    deleting: Mutex<std::collections::BTreeSet<String>>,
+    pub(crate) deleting: Mutex<std::collections::BTreeSet<String>>,
     /// Control-log appends that fail on purpose (tests only).
-    control_faults: AtomicU32,
+    pub(crate) control_faults: AtomicU32,
     /// Pipelines whose partitions could not start here, with the reason.
-    start_failures: RwLock<BTreeMap<String, String>>,
+    pub(crate) start_failures: RwLock<BTreeMap<String, String>>,
 }
 
 impl Baton {
@@ -1455,154 +1425,6 @@ impl Baton {
         Ok((records, end))
     }
 
-    /// Looks up `key` in `store` of `pipeline`: `Ok(None)` when the key is missing. Without
-    /// `slot`, the slots the pipeline's partitioner allows are read (with `any`, the murmur2
-    /// slot first, then every other), and every slot holding the key is in `matches`.
-    pub fn lookup(
-        &self,
-        pipeline: &str,
-        store: &str,
-        key: &[u8],
-        slot: Option<u32>,
-    ) -> Result<Option<Lookup>> {
-        let record = self.pipeline(pipeline)?;
-        let store_id = store_id(&record, store)?;
-        let slots = match slot {
-            Some(s) if s >= record.spec.slots => {
-                return Err(Error::BadRequest(format!(
-                    "slot {s} does not exist: pipeline `{pipeline}` has slots 0 to {}",
-                    record.spec.slots - 1
-                )));
-            }
-            Some(s) => vec![s],
-            None => record
-                .spec
-                .partitioner
-                .slots_for_key(key, record.spec.slots),
-        };
-        let mut found: Option<Lookup> = None;
-        for slot in slots {
-            let handle = self.local_owner(pipeline, slot)?;
-            let Some(value) = handle.db.get(store_id, &slot_key(slot, key))? else {
-                continue;
-            };
-            let entry = self.entry(&handle, slot, key, value);
-            let m = LookupMatch {
-                slot,
-                partition: entry.partition.clone(),
-                owner: entry.owner.clone(),
-                value: entry.value.clone(),
-                value_base64: entry.value_base64.clone(),
-                value_i64: entry.value_i64,
-            };
-            found.get_or_insert(entry).matches.push(m);
-        }
-        Ok(found)
-    }
-
-    /// The local partition owning `slot`, or why the query cannot be answered here.
-    fn local_owner(&self, pipeline: &str, slot: u32) -> Result<Arc<PartitionHandle>> {
-        if let Owner::Remote { host, url } = self.resolver.owner(pipeline, slot) {
-            return Err(Error::Unavailable(format!(
-                "slot {slot} of `{pipeline}` is owned by host {host} ({url}); ask it there"
-            )));
-        }
-        self.partitions
-            .read()
-            .values()
-            .find(|h| h.pipeline == pipeline && h.slots.contains(&slot))
-            .cloned()
-            .ok_or_else(|| {
-                Error::Unavailable(format!("no partition of `{pipeline}` owns slot {slot} yet"))
-            })
-    }
-
-    fn entry(&self, handle: &PartitionHandle, slot: u32, key: &[u8], value: Vec<u8>) -> Lookup {
-        use base64::Engine as _;
-        Lookup {
-            key: String::from_utf8_lossy(key).into_owned(),
-            value: String::from_utf8(value.clone()).ok(),
-            value_base64: base64::engine::general_purpose::STANDARD.encode(&value),
-            value_i64: <[u8; 8]>::try_from(value.as_slice())
-                .ok()
-                .map(i64::from_be_bytes),
-            slot,
-            partition: handle.id.clone(),
-            owner: self.config.host_id.clone(),
-            restoring: matches!(*handle.status.phase.lock(), Phase::Restoring),
-            matches: Vec::new(),
-        }
-    }
-
-    /// Keys of `store` starting with `prefix`, in (slot, key) order, `limit` at a time from
-    /// `cursor` (the `next_cursor` of the previous page).
-    pub fn scan(
-        &self,
-        pipeline: &str,
-        store: &str,
-        prefix: &[u8],
-        limit: usize,
-        cursor: Option<&str>,
-    ) -> Result<ScanPage> {
-        let record = self.pipeline(pipeline)?;
-        let store_id = store_id(&record, store)?;
-        let bad_cursor = || {
-            Error::BadRequest(
-                "invalid cursor: pass the `next_cursor` of the previous page unchanged".into(),
-            )
-        };
-        let (first_slot, after) = match cursor {
-            None => (0, None),
-            Some(c) => {
-                let (slot, key) = c.split_once(':').ok_or_else(bad_cursor)?;
-                let slot: u32 = slot.parse().map_err(|_| bad_cursor())?;
-                let key = hex::decode(key).map_err(|_| bad_cursor())?;
-                if slot >= record.spec.slots || !key.starts_with(prefix) {
-                    return Err(bad_cursor());
-                }
-                (slot, Some(key))
-            }
-        };
-        let mut items = Vec::new();
-        let mut last = None;
-        let mut restoring = false;
-        for slot in first_slot..record.spec.slots {
-            if items.len() == limit {
-                break;
-            }
-            let handle = self.local_owner(pipeline, slot)?;
-            restoring |= matches!(*handle.status.phase.lock(), Phase::Restoring);
-            let start = match &after {
-                Some(k) if slot == first_slot => {
-                    let mut s = slot_key(slot, k);
-                    s.push(0); // the smallest key after the cursor
-                    s
-                }
-                _ => slot_key(slot, prefix),
-            };
-            let end = match prefix_end(prefix) {
-                Some(p) => slot_key(slot, &p),
-                None => slot_key(slot + 1, &[]),
-            };
-            for (k, v) in handle
-                .db
-                .scan(store_id, &start, &end, limit - items.len())?
-            {
-                items.push(self.entry(&handle, slot, &k[4..], v));
-                last = Some((slot, k[4..].to_vec()));
-            }
-        }
-        let next_cursor = (items.len() == limit)
-            .then_some(last)
-            .flatten()
-            .map(|(slot, key)| format!("{slot}:{}", hex::encode(key)));
-        Ok(ScanPage {
-            items,
-            next_cursor,
-            restoring,
-        })
-    }
-
     /// Stops every partition at its next batch boundary and waits for them.
     pub fn shutdown(&self) {
         let parts: Vec<_> = self.partitions.read().values().cloned().collect();
@@ -1689,35 +1511,6 @@ impl Drop for NameReservation<'_> {
     fn drop(&mut self) {
         self.set.lock().remove(&self.name);
     }
-}
-
-/// The smallest byte string greater than every string starting with `prefix`, or `None` when
-/// there is none (empty prefix, or all 0xff).
-fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return Some(end);
-        }
-    }
-    None
-}
-
-/// The index of `store` among the pipeline's stores, or a 404 naming the ones it has.
-fn store_id(record: &PipelineRecord, store: &str) -> Result<usize> {
-    record
-        .spec
-        .stores
-        .iter()
-        .position(|s| s == store)
-        .ok_or_else(|| {
-            Error::NotFound(format!(
-                "pipeline `{}` has no store `{store}`; its stores: [{}]",
-                record.spec.name,
-                record.spec.stores.join(", ")
-            ))
-        })
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod http;
+pub mod query;
 pub mod runtime;
 pub mod state;
 pub mod task;

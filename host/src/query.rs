@@ -1,0 +1,221 @@
+//! State queries: lookups and scans of a pipeline's stores, answered from the partition that
+//! owns each slot, and the seam that says which host that is.
+
+use std::sync::Arc;
+
+use crate::app::{Baton, PartitionHandle};
+use crate::cluster::PipelineRecord;
+use crate::error::{Error, Result};
+use crate::http::model::{Lookup, LookupMatch, ScanPage};
+use crate::state::slot_key;
+use crate::task::Phase;
+
+/// Where a slot's state lives, as an [`OwnerResolver`] answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owner {
+    /// This host.
+    Local,
+    /// Another host of the cluster, reachable at `url`.
+    Remote {
+        /// Its host id.
+        host: String,
+        /// Its API's base URL.
+        url: String,
+    },
+}
+
+/// Answers which host owns a pipeline's slot, so that state queries can be sent there. Today a
+/// cluster has one host and the answer is always [`Owner::Local`]; multi-host clusters plug a
+/// resolver over the partition table here.
+pub trait OwnerResolver: Send + Sync {
+    /// The owner of `slot` of `pipeline`.
+    fn owner(&self, pipeline: &str, slot: u32) -> Owner;
+}
+
+/// The single-host resolver.
+pub struct LocalResolver;
+
+impl OwnerResolver for LocalResolver {
+    fn owner(&self, _pipeline: &str, _slot: u32) -> Owner {
+        Owner::Local
+    }
+}
+
+impl Baton {
+    /// Looks up `key` in `store` of `pipeline`: `Ok(None)` when the key is missing. Without
+    /// `slot`, the slots the pipeline's partitioner allows are read (with `any`, the murmur2
+    /// slot first, then every other), and every slot holding the key is in `matches`.
+    pub fn lookup(
+        &self,
+        pipeline: &str,
+        store: &str,
+        key: &[u8],
+        slot: Option<u32>,
+    ) -> Result<Option<Lookup>> {
+        let record = self.pipeline(pipeline)?;
+        let store_id = store_id(&record, store)?;
+        let slots = match slot {
+            Some(s) if s >= record.spec.slots => {
+                return Err(Error::BadRequest(format!(
+                    "slot {s} does not exist: pipeline `{pipeline}` has slots 0 to {}",
+                    record.spec.slots - 1
+                )));
+            }
+            Some(s) => vec![s],
+            None => record
+                .spec
+                .partitioner
+                .slots_for_key(key, record.spec.slots),
+        };
+        let mut found: Option<Lookup> = None;
+        for slot in slots {
+            let handle = self.local_owner(pipeline, slot)?;
+            let Some(value) = handle.db.get(store_id, &slot_key(slot, key))? else {
+                continue;
+            };
+            let entry = self.entry(&handle, slot, key, value);
+            let m = LookupMatch {
+                slot,
+                partition: entry.partition.clone(),
+                owner: entry.owner.clone(),
+                value: entry.value.clone(),
+                value_base64: entry.value_base64.clone(),
+                value_i64: entry.value_i64,
+            };
+            found.get_or_insert(entry).matches.push(m);
+        }
+        Ok(found)
+    }
+
+    /// The local partition owning `slot`, or why the query cannot be answered here.
+    fn local_owner(&self, pipeline: &str, slot: u32) -> Result<Arc<PartitionHandle>> {
+        if let Owner::Remote { host, url } = self.resolver.owner(pipeline, slot) {
+            return Err(Error::Unavailable(format!(
+                "slot {slot} of `{pipeline}` is owned by host {host} ({url}); ask it there"
+            )));
+        }
+        self.partitions
+            .read()
+            .values()
+            .find(|h| h.pipeline == pipeline && h.slots.contains(&slot))
+            .cloned()
+            .ok_or_else(|| {
+                Error::Unavailable(format!("no partition of `{pipeline}` owns slot {slot} yet"))
+            })
+    }
+
+    fn entry(&self, handle: &PartitionHandle, slot: u32, key: &[u8], value: Vec<u8>) -> Lookup {
+        use base64::Engine as _;
+        Lookup {
+            key: String::from_utf8_lossy(key).into_owned(),
+            value: String::from_utf8(value.clone()).ok(),
+            value_base64: base64::engine::general_purpose::STANDARD.encode(&value),
+            value_i64: <[u8; 8]>::try_from(value.as_slice())
+                .ok()
+                .map(i64::from_be_bytes),
+            slot,
+            partition: handle.id.clone(),
+            owner: self.config.host_id.clone(),
+            restoring: matches!(*handle.status.phase.lock(), Phase::Restoring),
+            matches: Vec::new(),
+        }
+    }
+
+    /// Keys of `store` starting with `prefix`, in (slot, key) order, `limit` at a time from
+    /// `cursor` (the `next_cursor` of the previous page).
+    pub fn scan(
+        &self,
+        pipeline: &str,
+        store: &str,
+        prefix: &[u8],
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> Result<ScanPage> {
+        let record = self.pipeline(pipeline)?;
+        let store_id = store_id(&record, store)?;
+        let bad_cursor = || {
+            Error::BadRequest(
+                "invalid cursor: pass the `next_cursor` of the previous page unchanged".into(),
+            )
+        };
+        let (first_slot, after) = match cursor {
+            None => (0, None),
+            Some(c) => {
+                let (slot, key) = c.split_once(':').ok_or_else(bad_cursor)?;
+                let slot: u32 = slot.parse().map_err(|_| bad_cursor())?;
+                let key = hex::decode(key).map_err(|_| bad_cursor())?;
+                if slot >= record.spec.slots || !key.starts_with(prefix) {
+                    return Err(bad_cursor());
+                }
+                (slot, Some(key))
+            }
+        };
+        let mut items = Vec::new();
+        let mut last = None;
+        let mut restoring = false;
+        for slot in first_slot..record.spec.slots {
+            if items.len() == limit {
+                break;
+            }
+            let handle = self.local_owner(pipeline, slot)?;
+            restoring |= matches!(*handle.status.phase.lock(), Phase::Restoring);
+            let start = match &after {
+                Some(k) if slot == first_slot => {
+                    let mut s = slot_key(slot, k);
+                    s.push(0); // the smallest key after the cursor
+                    s
+                }
+                _ => slot_key(slot, prefix),
+            };
+            let end = match prefix_end(prefix) {
+                Some(p) => slot_key(slot, &p),
+                None => slot_key(slot + 1, &[]),
+            };
+            for (k, v) in handle
+                .db
+                .scan(store_id, &start, &end, limit - items.len())?
+            {
+                items.push(self.entry(&handle, slot, &k[4..], v));
+                last = Some((slot, k[4..].to_vec()));
+            }
+        }
+        let next_cursor = (items.len() == limit)
+            .then_some(last)
+            .flatten()
+            .map(|(slot, key)| format!("{slot}:{}", hex::encode(key)));
+        Ok(ScanPage {
+            items,
+            next_cursor,
+            restoring,
+        })
+    }
+}
+
+/// The smallest byte string greater than every string starting with `prefix`, or `None` when
+/// there is none (empty prefix, or all 0xff).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+/// The index of `store` among the pipeline's stores, or a 404 naming the ones it has.
+fn store_id(record: &PipelineRecord, store: &str) -> Result<usize> {
+    record
+        .spec
+        .stores
+        .iter()
+        .position(|s| s == store)
+        .ok_or_else(|| {
+            Error::NotFound(format!(
+                "pipeline `{}` has no store `{store}`; its stores: [{}]",
+                record.spec.name,
+                record.spec.stores.join(", ")
+            ))
+        })
+}
