@@ -1,16 +1,18 @@
 //! # baton
 //!
 //! A host for stateful stream processors written as WebAssembly components. Data travels one
-//! way: [`transport`] → [`task`] (one partition's loop) → [`runtime`] (wasmtime) → [`state`]
-//! (RocksDB per partition), with the control plane beside it: [`cluster`] (control log, pipeline
-//! specs, module registry), [`app`] (the host and its operations) and [`http`] (the API and the
+//! way: [`transport`] → [`task`] (one partition's loop, and the supervisor of a host's
+//! partitions) → [`runtime`] (wasmtime) → [`state`] (RocksDB per partition), with the control
+//! plane beside it: [`control`] (the control log, the catalog, pipeline specs, the module
+//! registry, pipelines and hot swaps), [`query`] (state lookups and scans), [`app`] (the host:
+//! wiring, produce and read) and [`http`] (the API, its types in [`http::model`], and the
 //! dashboard).
 
 #![deny(missing_docs)]
 
 pub mod app;
-pub mod cluster;
 pub mod config;
+pub mod control;
 pub mod error;
 pub mod http;
 pub mod query;

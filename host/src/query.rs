@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::app::{Baton, PartitionHandle};
-use crate::cluster::PipelineRecord;
+use crate::control::PipelineRecord;
 use crate::error::{Error, Result};
 use crate::http::model::{Lookup, LookupMatch, ScanPage};
 use crate::state::slot_key;

@@ -225,7 +225,7 @@ async fn a_record_kafka_refuses_for_good_is_dead_lettered_not_retried_forever() 
         .set("bootstrap.servers", kafka_bootstrap())
         .set("linger.ms", "20")
         .create()?;
-    let now = baton::cluster::now_ms();
+    let now = baton::control::now_ms();
     // One batch: a record from 2001, then 40 of now. Outputs take the timestamp of the first
     // record of a guest call, so at first the whole call's outputs are refused.
     let mut sends = Vec::new();

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use baton::cluster::PipelineSpec;
+use baton::control::PipelineSpec;
 use baton::http::model::ProduceRecord;
 use baton::{Baton, HostConfig};
 

@@ -3,8 +3,8 @@
 
 use serde::Serialize;
 
-use crate::cluster::pipeline::GuestLimits;
-use crate::cluster::{PipelineSpec, SwapRecord};
+use crate::control::pipeline::GuestLimits;
+use crate::control::{PipelineSpec, SwapRecord};
 use crate::runtime::host::WasiGrants;
 use crate::task::{
     LoopTimeMs, ReplayProgress, RestoreProgress, SlotProgress, SwapPolicy, SwapReport,

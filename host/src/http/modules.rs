@@ -11,7 +11,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 
 use super::{ApiError, AppState, MODULE_LIMIT, blocking};
-use crate::cluster::{ModuleDeletion, ModuleRecord};
+use crate::control::{ModuleDeletion, ModuleRecord};
 
 pub(super) fn router() -> Router<AppState> {
     Router::new()

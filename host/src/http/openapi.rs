@@ -8,7 +8,7 @@ use serde_json::{Map, Value, json};
 
 use super::pipelines::{ReplayBody, SwapBody};
 use super::topics::{NewRecord, ReadOut, TopicInfo};
-use crate::cluster::{
+use crate::control::{
     DeadLetterReplay, ModuleDeletion, ModuleRecord, PipelineDeletion, PipelineSpec,
 };
 use crate::http::model::{

@@ -7,7 +7,7 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router};
 
 use super::{ApiError, AppState, blocking};
-use crate::cluster::{DeadLetterReplay, PipelineDeletion, PipelineSpec};
+use crate::control::{DeadLetterReplay, PipelineDeletion, PipelineSpec};
 use crate::error::Error;
 use crate::http::model::{Lookup, PipelineInfo, PipelinePatch, ScanPage, SwapResult, SwapStatus};
 use crate::task::Event;

@@ -348,7 +348,7 @@ impl HostCtx {
             event_times: HashMap::new(),
             call_event_time: None,
             call_now: 0,
-            time_store: db.store_id(crate::cluster::pipeline::TIME_STORE),
+            time_store: db.store_id(crate::control::pipeline::TIME_STORE),
             expiring: HashMap::new(),
         }
     }
@@ -498,7 +498,7 @@ impl HostCtx {
                     .stores()
                     .iter()
                     .map(String::as_str)
-                    .filter(|s| *s != crate::cluster::pipeline::TIME_STORE)
+                    .filter(|s| *s != crate::control::pipeline::TIME_STORE)
                     .collect();
                 Error::NoSuchStore(format!(
                     "store `{name}` is not declared by pipeline `{}`; declared: [{}]",

@@ -15,7 +15,7 @@
 //! `clock` is one byte (0 event time, 1 processing time), `at` 8 bytes that sort as the `i64`
 //! they hold, `len` the length of the store name (one byte, names are at most 64 bytes).
 //!
-//! [`TIME_STORE`]: crate::cluster::pipeline::TIME_STORE
+//! [`TIME_STORE`]: crate::control::pipeline::TIME_STORE
 
 use super::host::{GuestError, HostCtx};
 use crate::state::slot_key;
@@ -461,7 +461,7 @@ mod state_tests {
         let env = StateEnv::new(32 << 20);
         let stores = vec![
             "s".to_string(),
-            crate::cluster::pipeline::TIME_STORE.to_string(),
+            crate::control::pipeline::TIME_STORE.to_string(),
         ];
         let db: Arc<PartitionDb> = Arc::new(env.open_partition(dir, &stores).unwrap());
         let limits = WriteLimits {

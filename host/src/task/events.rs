@@ -76,7 +76,7 @@ impl EventLog {
         let seq = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let event = Event {
             seq,
-            at: crate::cluster::now_ms(),
+            at: crate::control::now_ms(),
             kind,
             level,
             message,

@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::input_offset_key;
-use crate::cluster::PipelineRecord;
+use crate::control::PipelineRecord;
 use crate::runtime::Output;
 use crate::state::{PartitionDb, Writes};
 use crate::transport::embedded::{Appended, EmbeddedLog, decode_record, encode_record};

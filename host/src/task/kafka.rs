@@ -22,7 +22,7 @@ use super::io::{
     start_offset,
 };
 use super::{changelog_offset_key, input_offset_key};
-use crate::cluster::{Guarantee, PipelineRecord};
+use crate::control::{Guarantee, PipelineRecord};
 use crate::state::{PartitionDb, WriteOp, slot_key};
 use crate::transport::LogRecord;
 use crate::transport::kafka::{BatchProducer, GroupMetadata, InputConsumer, KafkaTransport};
@@ -571,7 +571,7 @@ impl CommitterState {
                 slot,
                 Some(&w.key[4..]),
                 w.value,
-                crate::cluster::now_ms(),
+                crate::control::now_ms(),
             )?;
         }
         for o in &batch.outputs {

@@ -10,6 +10,7 @@
 pub mod events;
 pub mod io;
 pub mod kafka;
+pub mod supervisor;
 pub mod swap;
 
 pub use events::{Event, EventKind, EventLog};
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use crate::cluster::PipelineRecord;
+use crate::control::PipelineRecord;
 use crate::runtime::{CallError, Cursor, HostCtx, Instance, Message, Output, Runtime};
 use crate::state::{PartitionDb, Writes};
 use crate::transport::{LogRecord, Record};

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::pipeline::{GuestLimits, PipelineSpec};
+use crate::control::pipeline::{GuestLimits, PipelineSpec};
 use crate::runtime::Module;
 use crate::runtime::host::WasiGrants;
 

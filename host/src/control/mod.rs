@@ -2,8 +2,12 @@
 //! events in the control log (`<cluster>.control`, by default `baton.control`, one partition,
 //! read from the start on every boot). The log's total order is the source of truth; the in-memory catalog is its replay.
 
+pub(crate) mod log;
+pub(crate) mod modules;
 pub mod names;
 pub mod pipeline;
+pub(crate) mod pipelines;
+mod swap;
 
 pub use pipeline::{Guarantee, PipelineRecord, PipelineSpec, Start};
 

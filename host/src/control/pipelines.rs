@@ -1,0 +1,501 @@
+//! Pipelines: creation, settings changes, deletion, dead-letter replays, and what the API
+//! shows of them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::control::pipeline::{changelog_topic, dlq_topic};
+use crate::control::{
+    ControlEvent, DeadLetterReplay, PipelineDeletion, PipelineRecord, PipelineSpec, PipelineUpdate,
+    ReplayRange, Start, now_ms,
+};
+use crate::error::{Error, Result};
+use crate::http::model::{PipelineInfo, PipelinePatch, PipelinePhase};
+use crate::runtime::WriteLimits;
+use crate::task::{Phase, Settings};
+use crate::transport::TopicKind;
+
+use crate::app::Baton;
+
+impl Baton {
+    /// Creates a pipeline: checks the spec, creates missing topics, records it in the control
+    /// log and starts its partitions.
+    pub fn create_pipeline(&self, spec: PipelineSpec) -> Result<PipelineInfo> {
+        spec.validate(&self.config.cluster)
+            .map_err(Error::BadRequest)?;
+        // The name is reserved while its topics are checked and created, without holding the
+        // control lock across those broker round trips.
+        let _reservation = self.reserve_name(&spec.name)?;
+        let sha256 = {
+            let catalog = self.catalog.lock();
+            if catalog.pipelines.contains_key(&spec.name) {
+                return Err(Error::Conflict(format!(
+                    "pipeline `{}` already exists",
+                    spec.name
+                )));
+            }
+            if catalog.deleted.contains_key(&spec.name) {
+                return Err(Error::Conflict(format!(
+                    "pipeline `{0}` was deleted, but its state (changelogs, dead letters, input \
+                     offsets) still exists, so the name is taken; \
+                     DELETE /api/v1/pipelines/{0}?purge=true to delete the state and free the name",
+                    spec.name
+                )));
+            }
+            match catalog
+                .modules
+                .get(&(spec.module.clone(), spec.version.clone()))
+            {
+                Some(m) => m.sha256.clone(),
+                None if let Some(m) = self
+                    .config
+                    .native_modules
+                    .iter()
+                    .find(|m| m.name == spec.module && m.version == spec.version) =>
+                {
+                    m.address()
+                }
+                None => {
+                    return Err(Error::BadRequest(format!(
+                        "module `{}` version `{}` is not uploaded; POST it to /api/v1/modules?name={}&version={} first",
+                        spec.module, spec.version, spec.module, spec.version
+                    )));
+                }
+            }
+        };
+        // Check every topic before creating any, so that a refusal leaves nothing behind.
+        let dlq = dlq_topic(&self.config.cluster, &spec.name);
+        let mut topics: Vec<(String, TopicKind)> = spec
+            .inputs
+            .iter()
+            .chain(spec.outputs.iter())
+            .map(|t| (t.clone(), TopicKind::Data))
+            .chain([(dlq.clone(), TopicKind::DeadLetters)])
+            .collect();
+        if self.kafka.is_some() {
+            topics.extend(spec.state_stores().iter().map(|s| {
+                (
+                    changelog_topic(&self.config.cluster, &spec.name, s),
+                    TopicKind::Compacted,
+                )
+            }));
+        }
+        for (t, _) in &topics {
+            if let Some(actual) = self.transport.partitions(t)?
+                && actual != spec.slots
+            {
+                return Err(Error::Conflict(format!(
+                    "topic `{t}` exists with {actual} partitions, but pipeline `{}` has {} slots and needs one partition per slot; \
+                     use slots = {actual} or another topic",
+                    spec.name, spec.slots
+                )));
+            }
+        }
+        // A changelog that already holds records belongs to an earlier pipeline of this name:
+        // restoring from it would start the new pipeline with someone else's state.
+        for (t, kind) in &topics {
+            if *kind != TopicKind::Compacted || self.transport.partitions(t)?.is_none() {
+                continue;
+            }
+            for p in 0..spec.slots {
+                let end = self.transport.end_offset(t, p)?;
+                if end > 0 {
+                    return Err(Error::Conflict(format!(
+                        "changelog topic `{t}` already holds records (partition {p} ends at offset {end}),                          left by an earlier pipeline named `{}`; delete the topic or use another pipeline name",
+                        spec.name
+                    )));
+                }
+            }
+        }
+        for (t, kind) in &topics {
+            self.transport.ensure_topic(t, spec.slots, *kind)?;
+        }
+        let mut start_offsets = BTreeMap::new();
+        if spec.start == Start::Latest {
+            for t in &spec.inputs {
+                let ends = (0..spec.slots)
+                    .map(|s| self.transport.end_offset(t, s))
+                    .collect::<Result<Vec<_>, _>>()?;
+                start_offsets.insert(t.clone(), ends);
+            }
+        }
+        let record = PipelineRecord {
+            spec,
+            sha256,
+            start_offsets,
+            created_at: now_ms(),
+            prefix: self.config.cluster.clone(),
+            swaps: Vec::new(),
+            replays: BTreeMap::new(),
+            incarnation: Some(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(0),
+            ),
+        };
+        {
+            // The log's or nobody's: applied only once appended.
+            let _g = self.control.lock();
+            self.append_control(&ControlEvent::Pipeline(Box::new(record.clone())))?;
+            self.catalog
+                .lock()
+                .apply(ControlEvent::Pipeline(Box::new(record.clone())));
+        }
+        // The pipeline exists now; a failure to start is its phase, not the call's.
+        self.start_or_record(Arc::new(record.clone()));
+        Ok(self.pipeline_info(&record))
+    }
+
+    /// Reserves a pipeline name for a creation in progress; released when dropped.
+    pub(crate) fn reserve_name(&self, name: &str) -> Result<NameReservation<'_>> {
+        if !self.creating.lock().insert(name.to_string()) {
+            return Err(Error::Conflict(format!(
+                "pipeline `{name}` is being created or deleted by another call"
+            )));
+        }
+        Ok(NameReservation {
+            set: &self.creating,
+            name: name.to_string(),
+        })
+    }
+
+    /// A pipeline's phase: `failed` when its partitions could not start or one failed for
+    /// good, `running` when every partition runs, else `starting`.
+    pub(crate) fn phase(&self, name: &str) -> (PipelinePhase, Option<String>) {
+        if self.deleting.lock().contains(name) {
+            return (PipelinePhase::Deleting, None);
+        }
+        if let Some(reason) = self.start_failures.read().get(name) {
+            return (PipelinePhase::Failed, Some(reason.clone()));
+        }
+        let parts: Vec<_> = self
+            .partitions
+            .read()
+            .values()
+            .filter(|h| h.pipeline == name)
+            .cloned()
+            .collect();
+        let mut all_running = !parts.is_empty();
+        for h in &parts {
+            match &*h.status.phase.lock() {
+                Phase::Failed(e) => {
+                    return (
+                        PipelinePhase::Failed,
+                        Some(format!("partition {} failed: {e}", h.id)),
+                    );
+                }
+                Phase::Running => {}
+                _ => all_running = false,
+            }
+        }
+        if all_running {
+            (PipelinePhase::Running, None)
+        } else {
+            (PipelinePhase::Starting, None)
+        }
+    }
+
+    pub(crate) fn pipeline_info(&self, r: &PipelineRecord) -> PipelineInfo {
+        let (phase, reason) = self.phase(&r.spec.name);
+        PipelineInfo {
+            dlq: r.dlq_topic(),
+            spec: r.spec.clone(),
+            sha256: r.sha256.clone(),
+            created_at: r.created_at,
+            swaps: r.swaps.clone(),
+            phase,
+            reason,
+        }
+    }
+
+    /// Deletes a pipeline: records the deletion in the control log, then stops its partitions.
+    /// With `purge`, also deletes its state (changelogs, dead letters, consumer group, local
+    /// state) and frees the name; without, the name stays taken while the state exists.
+    pub fn delete_pipeline(&self, name: &str, purge: bool) -> Result<PipelineDeletion> {
+        let (record, live) = {
+            let catalog = self.catalog.lock();
+            match (catalog.pipelines.get(name), catalog.deleted.get(name)) {
+                (Some(r), _) => (r.clone(), true),
+                (None, Some(r)) if purge => (r.clone(), false),
+                (None, Some(_)) => {
+                    return Err(Error::Conflict(format!(
+                        "pipeline `{name}` is already deleted; its state still exists: \
+                         DELETE /api/v1/pipelines/{name}?purge=true deletes it"
+                    )));
+                }
+                (None, None) => {
+                    return Err(Error::NotFound(format!("pipeline `{name}` does not exist")));
+                }
+            }
+        };
+        let _reservation = self.reserve_name(name)?;
+        self.deleting.lock().insert(name.to_string());
+        let _deleting = NameReservation {
+            set: &self.deleting,
+            name: name.to_string(),
+        };
+        let record_event = |purge: bool| -> Result<PipelineDeletion> {
+            let deletion = PipelineDeletion {
+                pipeline: name.to_string(),
+                purge,
+                at: now_ms(),
+            };
+            let _g = self.control.lock();
+            let event = ControlEvent::PipelineDeleted(deletion.clone());
+            self.append_control(&event)?;
+            self.catalog.lock().apply(event);
+            Ok(deletion)
+        };
+        // First the deletion (the partitions stop, the name stays taken), then the purge, which
+        // is recorded, freeing the name, only once the state is really gone.
+        let mut deletion = None;
+        if live {
+            deletion = Some(record_event(false)?);
+            self.stop_pipeline(name);
+        }
+        if purge {
+            let mut topics: Vec<String> = record
+                .spec
+                .state_stores()
+                .iter()
+                .map(|s| record.changelog_topic(s))
+                .filter(|_| self.kafka.is_some())
+                .collect();
+            topics.push(record.dlq_topic());
+            let purged = (|| -> Result<()> {
+                self.transport.delete_topics(&topics)?;
+                self.transport.delete_group(&record.group_id())?;
+                let dir = self.config.data_dir.join("state").join(name);
+                if dir.exists() {
+                    std::fs::remove_dir_all(&dir)
+                        .map_err(|e| Error::Internal(format!("deleting {}: {e}", dir.display())))?;
+                }
+                Ok(())
+            })();
+            if let Err(e) = purged {
+                return Err(Error::Unavailable(format!(
+                    "pipeline `{name}` is deleted, but deleting its state failed: {e}; its name \
+                     stays taken. Try DELETE /api/v1/pipelines/{name}?purge=true again"
+                )));
+            }
+            deletion = Some(record_event(true)?);
+        }
+        tracing::info!(pipeline = name, purge, "pipeline deleted");
+        deletion.ok_or_else(|| Error::Internal("nothing was deleted".into()))
+    }
+
+    /// Replays dead letters of a pipeline through its current version, exactly once: those of
+    /// `slot` (every slot without it) from `from` to `to` (by default, from where the last
+    /// replay of the slot ended to the end of the dead-letter topic now). A range that starts
+    /// before the end of an earlier one is refused: no dead letter is replayed twice.
+    pub fn replay_dead_letters(
+        &self,
+        name: &str,
+        slot: Option<u32>,
+        from: Option<u64>,
+        to: Option<u64>,
+    ) -> Result<DeadLetterReplay> {
+        let record = self.pipeline(name)?;
+        if slot.is_none() && (from.is_some() || to.is_some()) {
+            return Err(Error::BadRequest(
+                "`from` and `to` are offsets of one partition of the dead-letter topic: name \
+                 its `slot` too"
+                    .into(),
+            ));
+        }
+        let slots: Vec<u32> = match slot {
+            Some(s) if s >= record.spec.slots => {
+                return Err(Error::BadRequest(format!(
+                    "slot {s} does not exist: pipeline `{name}` has slots 0 to {}",
+                    record.spec.slots - 1
+                )));
+            }
+            Some(s) => vec![s],
+            None => (0..record.spec.slots).collect(),
+        };
+        let plan =
+            self.replay_plans.read().get(name).cloned().ok_or_else(|| {
+                Error::Unavailable(format!("pipeline `{name}` is not running here"))
+            })?;
+        let dlq = record.dlq_topic();
+        let _g = self.control.lock();
+        let record = self.pipeline(name)?;
+        let mut ranges = Vec::new();
+        for s in slots {
+            let done = record
+                .replays
+                .get(&s)
+                .and_then(|r| r.last())
+                .map_or(0, |(_, to)| *to);
+            let end = self.transport.end_offset(&dlq, s)?;
+            let (from, to) = (from.unwrap_or(done), to.unwrap_or(end).min(end));
+            if from < done {
+                return Err(Error::Conflict(format!(
+                    "dead letters of slot {s} up to offset {done} were already replayed (or are \
+                     being replayed); replay from {done} on"
+                )));
+            }
+            if from < to {
+                ranges.push(ReplayRange { slot: s, from, to });
+            }
+        }
+        let replay = DeadLetterReplay {
+            pipeline: name.to_string(),
+            ranges,
+            at: now_ms(),
+        };
+        if !replay.ranges.is_empty() {
+            let event = ControlEvent::DeadLettersReplayed(replay.clone());
+            self.append_control(&event)?;
+            self.catalog.lock().apply(event);
+            for r in &replay.ranges {
+                plan.add(r.slot, r.from, r.to);
+            }
+            tracing::info!(pipeline = name, ranges = ?replay.ranges, "replaying dead letters");
+        }
+        Ok(replay)
+    }
+
+    /// Every pipeline.
+    pub fn pipelines(&self) -> Vec<PipelineInfo> {
+        self.catalog
+            .lock()
+            .pipelines
+            .values()
+            .cloned()
+            .collect::<Vec<_>>()
+            .iter()
+            .map(|r| self.pipeline_info(r))
+            .collect()
+    }
+
+    /// One pipeline.
+    pub fn pipeline(&self, name: &str) -> Result<PipelineRecord> {
+        self.catalog
+            .lock()
+            .pipelines
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("pipeline `{name}` does not exist")))
+    }
+
+    /// Changes a running pipeline's limits, config, swap policy or WASI grants: checked (the
+    /// new config must pass the module's `init`), recorded in the control log, then applied at
+    /// each partition's next batch boundary, as a swap is. Waits up to `wait` for every
+    /// partition; `Ok((info, false))` when some had not reached a batch boundary by then.
+    pub fn update_pipeline(
+        &self,
+        name: &str,
+        patch: PipelinePatch,
+        wait: Duration,
+    ) -> Result<(PipelineInfo, bool)> {
+        if patch.limits.is_none()
+            && patch.config.is_none()
+            && patch.swap.is_none()
+            && patch.wasi.is_none()
+            && patch.commit_interval_ms.is_none()
+        {
+            return Err(Error::BadRequest(
+                "nothing to change: send any of limits, config, swap, wasi, commit_interval_ms"
+                    .into(),
+            ));
+        }
+        // Read, checked and recorded under the control lock, so that two changes (or a change
+        // and a rollback) cannot interleave and leave the partitions on other settings than
+        // the catalog.
+        let control = self.control.lock();
+        let record = self.pipeline(name)?;
+        let update = PipelineUpdate {
+            pipeline: name.to_string(),
+            limits: patch.limits,
+            config: patch.config,
+            swap: patch.swap,
+            wasi: patch.wasi,
+            commit_interval_ms: patch.commit_interval_ms,
+            at: now_ms(),
+            rollback_reason: None,
+        };
+        let mut spec = record.spec.clone();
+        update.apply_to(&mut spec);
+        spec.validate(&self.config.cluster)
+            .map_err(Error::BadRequest)?;
+        let settings = Settings::of(&spec);
+        let target =
+            self.targets.read().get(name).cloned().ok_or_else(|| {
+                Error::Unavailable(format!("pipeline `{name}` is not running here"))
+            })?;
+        // The new config must pass `init` before anything changes.
+        if let Some(db) = self
+            .partitions
+            .read()
+            .values()
+            .find(|h| h.pipeline == name)
+            .map(|h| h.db.clone())
+        {
+            let ctx = crate::runtime::HostCtx::new(
+                name.into(),
+                db,
+                Arc::new(WriteLimits::default()),
+                settings.limits.memory_bytes as usize,
+                settings.wasi.clone(),
+            );
+            let mut inst = self
+                .runtime
+                .instantiate(&target.get().module, ctx)
+                .map_err(|e| Error::Internal(format!("instantiating for the check: {e:#}")))?;
+            inst.init(&settings.config).map_err(|e| {
+                Error::BadRequest(format!(
+                    "the module's init refuses the new config: {e}; nothing was changed"
+                ))
+            })?;
+        }
+        let generation = {
+            let event = ControlEvent::PipelineUpdated(update);
+            self.append_control(&event)?;
+            self.catalog.lock().apply(event);
+            target.set_settings(settings)
+        };
+        drop(control);
+        tracing::info!(pipeline = name, generation, "pipeline settings changed");
+        let parts: Vec<_> = self
+            .partitions
+            .read()
+            .values()
+            .filter(|h| h.pipeline == name)
+            .cloned()
+            .collect();
+        let deadline = Instant::now() + wait;
+        let applied = loop {
+            let all = parts.iter().all(|h| {
+                h.status
+                    .swap
+                    .last
+                    .lock()
+                    .as_ref()
+                    .is_some_and(|r| r.generation >= generation)
+            });
+            if all || Instant::now() > deadline {
+                break all;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        let record = self.pipeline(name)?;
+        Ok((self.pipeline_info(&record), applied))
+    }
+}
+
+/// A pipeline name held by a creation in progress.
+pub(crate) struct NameReservation<'a> {
+    set: &'a Mutex<std::collections::BTreeSet<String>>,
+    name: String,
+}
+
+impl Drop for NameReservation<'_> {
+    fn drop(&mut self) {
+        self.set.lock().remove(&self.name);
+    }
+}
