@@ -91,7 +91,7 @@ pub struct PipelineUpdate {
     pub config: Option<serde_json::Map<String, serde_json::Value>>,
     /// New swap policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub swap: Option<crate::task::SwapPolicy>,
+    pub swap: Option<pipeline::SwapPolicy>,
     /// New WASI grants.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wasi: Option<crate::runtime::host::WasiGrants>,

@@ -73,7 +73,7 @@ pub struct PipelineSpec {
     /// `swap = { probation_batches = 3, max_failure_share = 0.5 }`: when a new version is
     /// rolled back.
     #[serde(default)]
-    pub swap: crate::task::SwapPolicy,
+    pub swap: SwapPolicy,
     /// `wasi = { clocks = true, random = true }`: what of WASI the guests get beyond nothing.
     #[serde(default)]
     pub wasi: crate::runtime::host::WasiGrants,
@@ -91,10 +91,7 @@ pub struct PipelineSpec {
     pub commit_interval_ms: u64,
 }
 
-/// The host's own store of every pipeline: each slot's event time, its timers and the expiry
-/// index of entries written with an expiry. It commits and goes through its changelog like the
-/// declared stores, so time survives restarts, restores and moves with the state.
-pub const TIME_STORE: &str = "__time";
+pub use crate::runtime::time::TIME_STORE;
 
 impl PipelineSpec {
     /// Every store a partition keeps: the declared ones, then [`TIME_STORE`].
@@ -337,6 +334,26 @@ pub fn dlq_topic(prefix: &str, pipeline: &str) -> String {
 /// The changelog topic of `store` of `pipeline` under `prefix`.
 pub fn changelog_topic(prefix: &str, pipeline: &str, store: &str) -> String {
     format!("{prefix}.{pipeline}.{store}.changelog")
+}
+
+/// When a new version is judged, per pipeline (`swap = { ... }` in the spec).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct SwapPolicy {
+    /// Batches after a swap during which the failure share is watched.
+    pub probation_batches: u32,
+    /// A probation batch in which more than this share of records fails (goes to the DLQ) is
+    /// not committed: the partition goes back to the old version and processes it again.
+    pub max_failure_share: f64,
+}
+
+impl Default for SwapPolicy {
+    fn default() -> Self {
+        SwapPolicy {
+            probation_batches: 3,
+            max_failure_share: 0.5,
+        }
+    }
 }
 
 #[cfg(test)]

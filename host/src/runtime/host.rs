@@ -10,8 +10,8 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::{v0_1, v0_2};
 use super::stderr::StderrTail;
+use crate::record::Record;
 use crate::state::{Overlay, PartitionDb, slot_key};
-use crate::transport::Record;
 
 /// Bytes of guest stderr kept per instance, shown with a trap.
 const STDERR_TAIL: usize = 1024;
@@ -348,7 +348,7 @@ impl HostCtx {
             event_times: HashMap::new(),
             call_event_time: None,
             call_now: 0,
-            time_store: db.store_id(crate::control::pipeline::TIME_STORE),
+            time_store: db.store_id(super::time::TIME_STORE),
             expiring: HashMap::new(),
         }
     }
@@ -498,7 +498,7 @@ impl HostCtx {
                     .stores()
                     .iter()
                     .map(String::as_str)
-                    .filter(|s| *s != crate::control::pipeline::TIME_STORE)
+                    .filter(|s| *s != super::time::TIME_STORE)
                     .collect();
                 Error::NoSuchStore(format!(
                     "store `{name}` is not declared by pipeline `{}`; declared: [{}]",
@@ -737,7 +737,7 @@ impl HostCtx {
         }
         let partitions = out.partitions;
         let partition = match &key {
-            Some(k) => crate::transport::partitioner::partition_for_key(k, partitions),
+            Some(k) => crate::partitioner::partition_for_key(k, partitions),
             None => self.cursor.slot % partitions,
         };
         let record = Record {

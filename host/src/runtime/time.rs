@@ -14,11 +14,14 @@
 //!
 //! `clock` is one byte (0 event time, 1 processing time), `at` 8 bytes that sort as the `i64`
 //! they hold, `len` the length of the store name (one byte, names are at most 64 bytes).
-//!
-//! [`TIME_STORE`]: crate::control::pipeline::TIME_STORE
 
 use super::host::{GuestError, HostCtx};
 use crate::state::slot_key;
+
+/// The host's own store of every pipeline: each slot's event time, its timers and the expiry
+/// index of entries written with an expiry. It commits and goes through its changelog like the
+/// declared stores, so time survives restarts, restores and moves with the state.
+pub const TIME_STORE: &str = "__time";
 
 const EVENT_TIME: u8 = b'E';
 const TIMER_COUNT: u8 = b'C';
@@ -459,10 +462,7 @@ mod state_tests {
 
     fn ctx(dir: &std::path::Path, max_timers: u64) -> HostCtx {
         let env = StateEnv::new(32 << 20);
-        let stores = vec![
-            "s".to_string(),
-            crate::control::pipeline::TIME_STORE.to_string(),
-        ];
+        let stores = vec!["s".to_string(), TIME_STORE.to_string()];
         let db: Arc<PartitionDb> = Arc::new(env.open_partition(dir, &stores).unwrap());
         let limits = WriteLimits {
             max_timers,

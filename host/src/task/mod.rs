@@ -15,9 +15,7 @@ pub mod swap;
 
 pub use events::{Event, EventKind, EventLog};
 pub use io::{Batch, EmbeddedIo, PartitionIo, ReplayRanges, RestoreProgress, replay_window};
-pub use swap::{
-    ModuleTarget, RollbackHook, Settings, SwapOutcome, SwapPolicy, SwapReport, SwapStatus, Target,
-};
+pub use swap::{ModuleTarget, RollbackHook, Settings, SwapOutcome, SwapReport, SwapStatus, Target};
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::control::pipeline::{GuestLimits, PipelineSpec};
+use crate::control::pipeline::{GuestLimits, PipelineSpec, SwapPolicy};
 use crate::runtime::Module;
 use crate::runtime::host::WasiGrants;
 
@@ -43,26 +43,6 @@ impl Settings {
             wasi: spec.wasi.clone(),
             commit_interval_ms: spec.commit_interval_ms,
         })
-    }
-}
-
-/// When a new version is judged, per pipeline (`swap = { ... }` in the spec).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct SwapPolicy {
-    /// Batches after a swap during which the failure share is watched.
-    pub probation_batches: u32,
-    /// A probation batch in which more than this share of records fails (goes to the DLQ) is
-    /// not committed: the partition goes back to the old version and processes it again.
-    pub max_failure_share: f64,
-}
-
-impl Default for SwapPolicy {
-    fn default() -> Self {
-        SwapPolicy {
-            probation_batches: 3,
-            max_failure_share: 0.5,
-        }
     }
 }
 

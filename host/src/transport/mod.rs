@@ -3,21 +3,10 @@
 
 pub mod embedded;
 pub mod kafka;
-pub mod partitioner;
 mod rdbatch;
 
-/// One record as producers write it and processors read it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Record {
-    /// `None` for a record without a key.
-    pub key: Option<Vec<u8>>,
-    /// `None` for a tombstone.
-    pub value: Option<Vec<u8>>,
-    /// Headers in order; names may repeat.
-    pub headers: Vec<(String, Vec<u8>)>,
-    /// Milliseconds since the Unix epoch.
-    pub timestamp: i64,
-}
+pub use crate::partitioner;
+pub use crate::record::Record;
 
 /// A record with its position in a topic partition.
 #[derive(Clone, Debug, PartialEq, Eq)]
