@@ -1,7 +1,7 @@
 //! # baton
 //!
 //! A host for stateful stream processors written as WebAssembly components. Data travels one
-//! way: [`transport`] → [`task`] (one partition's loop, and the supervisor of a host's
+//! way: [`transport`] → [`partition`] (one partition's loop, and the supervisor of a host's
 //! partitions) → [`runtime`] (wasmtime) → [`state`] (RocksDB per partition), with the control
 //! plane beside it: [`control`] (the control log, the catalog, pipeline specs, the module
 //! registry, pipelines and hot swaps), [`query`] (state lookups and scans), [`app`] (the host:
@@ -15,12 +15,12 @@ pub mod config;
 pub mod control;
 pub mod error;
 pub mod http;
+pub mod partition;
 pub mod partitioner;
 pub mod query;
 pub mod record;
 pub mod runtime;
 pub mod state;
-pub mod task;
 pub mod transport;
 
 pub use app::{Baton, HostConfig};

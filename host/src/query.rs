@@ -7,8 +7,8 @@ use crate::app::{Baton, PartitionHandle};
 use crate::control::PipelineRecord;
 use crate::error::{Error, Result};
 use crate::http::model::{Lookup, LookupMatch, ScanPage};
+use crate::partition::Phase;
 use crate::state::slot_key;
-use crate::task::Phase;
 
 /// Where a slot's state lives, as an [`OwnerResolver`] answers.
 #[derive(Debug, Clone, PartialEq, Eq)]

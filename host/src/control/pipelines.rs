@@ -14,8 +14,8 @@ use crate::control::{
 };
 use crate::error::{Error, Result};
 use crate::http::model::{PipelineInfo, PipelinePatch, PipelinePhase};
+use crate::partition::{Phase, Settings};
 use crate::runtime::WriteLimits;
-use crate::task::{Phase, Settings};
 use crate::transport::TopicKind;
 
 use crate::app::Baton;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use crate::control::{ControlEvent, PipelineUpdate, SwapRecord, now_ms};
 use crate::error::{Error, Result};
 use crate::http::model::{SwapPartition, SwapResult, SwapStatus};
-use crate::task::{Event, SwapOutcome};
+use crate::partition::{Event, SwapOutcome};
 
 use crate::app::{Baton, PartitionHandle};
 

@@ -10,7 +10,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 
 use super::AppState;
-use crate::task::HISTOGRAM_BOUNDS;
+use crate::partition::HISTOGRAM_BOUNDS;
 
 pub(super) async fn render(State(baton): State<AppState>) -> impl IntoResponse {
     let text = tokio::task::spawn_blocking(move || text(&baton))

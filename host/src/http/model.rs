@@ -5,8 +5,8 @@ use serde::Serialize;
 
 use crate::control::pipeline::{GuestLimits, SwapPolicy};
 use crate::control::{PipelineSpec, SwapRecord};
+use crate::partition::{LoopTimeMs, ReplayProgress, RestoreProgress, SlotProgress, SwapReport};
 use crate::runtime::host::WasiGrants;
-use crate::task::{LoopTimeMs, ReplayProgress, RestoreProgress, SlotProgress, SwapReport};
 
 /// A partition as `GET /api/v1/partitions` shows it.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]

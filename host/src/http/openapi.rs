@@ -14,7 +14,7 @@ use crate::control::{
 use crate::http::model::{
     Lookup, PartitionInfo, PipelineInfo, PipelinePatch, Produced, ScanPage, SwapResult,
 };
-use crate::task::Event;
+use crate::partition::Event;
 
 type Param = (&'static str, &'static str, bool, &'static str, &'static str);
 

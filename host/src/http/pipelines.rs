@@ -10,7 +10,7 @@ use super::{ApiError, AppState, blocking};
 use crate::control::{DeadLetterReplay, PipelineDeletion, PipelineSpec};
 use crate::error::Error;
 use crate::http::model::{Lookup, PipelineInfo, PipelinePatch, ScanPage, SwapResult, SwapStatus};
-use crate::task::Event;
+use crate::partition::Event;
 
 pub(super) fn router() -> Router<AppState> {
     Router::new()

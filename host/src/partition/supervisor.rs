@@ -8,13 +8,13 @@ use parking_lot::Mutex;
 
 use crate::control::PipelineRecord;
 use crate::http::model::{PartitionInfo, PartitionState};
-use crate::runtime::{OutputTopic, WriteLimits};
-use crate::state::PartitionDb;
-use crate::task::kafka::KafkaIo;
-use crate::task::{
+use crate::partition::kafka::KafkaIo;
+use crate::partition::{
     EmbeddedIo, EventLog, IoFactory, ModuleTarget, PartitionIo, PartitionStatus, PartitionTask,
     Phase, ReplayPlan, RollbackHook, Settings,
 };
+use crate::runtime::{OutputTopic, WriteLimits};
+use crate::state::PartitionDb;
 use crate::transport::TopicKind;
 
 use crate::app::Baton;
