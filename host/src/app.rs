@@ -75,6 +75,8 @@ pub struct Baton {
     pub(crate) catalog: Mutex<Catalog>,
     pub(crate) modules: RwLock<BTreeMap<String, Module>>,
     pub(crate) partitions: RwLock<BTreeMap<String, Arc<PartitionHandle>>>,
+    /// Per pipeline running here: what its partitions share.
+    pub(crate) runs: RwLock<BTreeMap<String, Arc<crate::partition::supervisor::PipelineRun>>>,
     /// Per pipeline: the module version its partitions should run.
     pub(crate) targets: RwLock<BTreeMap<String, Arc<ModuleTarget>>>,
     /// Per pipeline: the dead letters its partitions replay.
@@ -128,6 +130,7 @@ impl Baton {
         let baton = Arc::new_cyclic(|me| Baton {
             me: me.clone(),
             resolver: Box::new(LocalResolver),
+            runs: RwLock::new(BTreeMap::new()),
             targets: RwLock::new(BTreeMap::new()),
             replay_plans: RwLock::new(BTreeMap::new()),
             events: RwLock::new(BTreeMap::new()),
@@ -253,12 +256,10 @@ impl Baton {
     pub fn shutdown(&self) {
         let parts: Vec<_> = self.partitions.read().values().cloned().collect();
         for p in &parts {
-            p.stop.store(true, Ordering::Relaxed);
+            p.stop();
         }
         for p in &parts {
-            if let Some(t) = p.thread.lock().take() {
-                let _ = t.join();
-            }
+            p.join();
         }
         tracing::info!("baton host stopped");
     }

@@ -15,6 +15,7 @@ mod limits;
 mod memory;
 mod openapi;
 mod restart;
+mod supervisor;
 mod swap;
 mod timers;
 mod too_large;

@@ -7,19 +7,21 @@
 //! an error (a broker restart, a failed transaction) the next session starts from what was
 //! committed, after a back-off. How a batch commits depends on the transport (see [`io`]).
 
+pub mod commands;
 pub mod events;
 pub mod io;
 pub mod kafka;
 pub mod supervisor;
 pub mod swap;
 
+pub use commands::{Command, Inbox, Wants};
 pub use events::{Event, EventKind, EventLog};
 pub use io::{Batch, EmbeddedIo, PartitionIo, ReplayRanges, RestoreProgress, replay_window};
 pub use swap::{ModuleTarget, RollbackHook, Settings, SwapOutcome, SwapReport, SwapStatus, Target};
 
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -288,8 +290,8 @@ pub struct PartitionTask {
     pub config: TaskConfig,
     /// Shared status.
     pub status: Arc<PartitionStatus>,
-    /// Set to stop at the next batch boundary.
-    pub stop: Arc<AtomicBool>,
+    /// Commands from the supervisor: stop, drain, checkpoint, fence.
+    pub inbox: Inbox,
     /// After Kafka refused a record for good: the offsets up to which records are processed
     /// one per commit, to find that record.
     pub isolate: Mutex<Option<Vec<Vec<u64>>>>,
@@ -352,9 +354,16 @@ impl PartitionTask {
         const FIRST_BACKOFF: Duration = Duration::from_millis(100);
         let mut backoff = FIRST_BACKOFF;
         loop {
-            if self.stop.load(Ordering::Relaxed) {
-                *self.status.phase.lock() = Phase::Stopped;
-                return;
+            match self.inbox.wants() {
+                Wants::Stop | Wants::Fence => {
+                    // Between sessions nothing is pending: what was committed last stands.
+                    *self.status.phase.lock() = Phase::Stopped;
+                    self.inbox.done(self.status.progress.lock().clone());
+                    return;
+                }
+                // Nothing pending to commit: answered with what was committed last.
+                Wants::Checkpoint => self.inbox.done(self.status.progress.lock().clone()),
+                Wants::Nothing => {}
             }
             let batches_before = self.status.batches.load(Ordering::Relaxed);
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.session()));
@@ -400,7 +409,7 @@ impl PartitionTask {
             };
             *self.status.phase.lock() = phase;
             let until = Instant::now() + backoff;
-            while Instant::now() < until && !self.stop.load(Ordering::Relaxed) {
+            while Instant::now() < until && self.inbox.wants() == Wants::Nothing {
                 std::thread::sleep(Duration::from_millis(20));
             }
             backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -778,7 +787,15 @@ impl PartitionTask {
         let mut pending = Pending::default();
         let mut last_time_check = Instant::now();
         loop {
-            let stopping = self.stop.load(Ordering::Relaxed);
+            let wants = self.inbox.wants();
+            if wants == Wants::Fence {
+                // Another owner took over: nothing pending commits. A commit in flight ends
+                // with the session.
+                tracing::info!(pending = pending.batches, "fenced: pending batches dropped");
+                return Ok(());
+            }
+            let stopping = wants == Wants::Stop;
+            let checkpoint = wants == Wants::Checkpoint;
             let generation = self.target.generation();
             let swap_due = generation != run.current.generation && generation != run.rejected;
             let replay_changed = self.replays.generation() != replay_generation;
@@ -786,7 +803,7 @@ impl PartitionTask {
             let interval = Duration::from_millis(run.current.settings.commit_interval_ms);
             // A stop, a swap, a replay and isolating a refused record need everything
             // committed; pending batches at their bound wait for the commit in flight.
-            let settle_all = stopping || swap_due || replay_changed || isolating;
+            let settle_all = stopping || checkpoint || swap_due || replay_changed || isolating;
             let full = pending.records >= self.config.max_pending
                 || inst.ctx().overlay.written_bytes() >= MAX_PENDING_BYTES;
             if in_flight.is_some() && (settle_all || full || io.commit_ready()) {
@@ -803,6 +820,11 @@ impl PartitionTask {
                 } else {
                     *in_flight = Some(f);
                 }
+            }
+            if stopping || checkpoint {
+                // Everything is committed now.
+                self.update_progress(io, committed);
+                self.inbox.done(self.status.progress.lock().clone());
             }
             if stopping {
                 break;

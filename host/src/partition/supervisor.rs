@@ -1,8 +1,15 @@
-//! The partitions this host runs: started per pipeline, stopped, and shown.
+//! The partitions this host runs. The supervisor starts and stops partition loops to match a
+//! list of [`Assignment`]s per pipeline, and talks to each loop through its command channel
+//! (stop, drain, checkpoint, fence). Today's host is a cluster of one: every partition of every
+//! pipeline is assigned here, at epoch 1.
 
+use std::collections::BTreeSet;
+use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
@@ -10,8 +17,8 @@ use crate::control::PipelineRecord;
 use crate::http::model::{PartitionInfo, PartitionState};
 use crate::partition::kafka::KafkaIo;
 use crate::partition::{
-    EmbeddedIo, EventLog, IoFactory, ModuleTarget, PartitionIo, PartitionStatus, PartitionTask,
-    Phase, ReplayPlan, RollbackHook, Settings,
+    Command, EmbeddedIo, EventLog, Inbox, IoFactory, ModuleTarget, PartitionIo, PartitionStatus,
+    PartitionTask, Phase, ReplayPlan, RollbackHook, Settings, SlotProgress,
 };
 use crate::runtime::{OutputTopic, WriteLimits};
 use crate::state::PartitionDb;
@@ -28,13 +35,112 @@ pub struct PartitionHandle {
     /// Slots `[start, end)`.
     pub slots: std::ops::Range<u32>,
     /// Epoch: bumped on each change of owner or shape.
-    pub epoch: u64,
+    pub epoch: AtomicU64,
     /// The database.
     pub db: Arc<PartitionDb>,
     /// Live status.
     pub status: Arc<PartitionStatus>,
-    pub(crate) stop: Arc<AtomicBool>,
-    pub(crate) thread: Mutex<Option<JoinHandle<()>>>,
+    commands: Sender<Command>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl PartitionHandle {
+    /// Tells the loop `command`; `false` when the loop has ended.
+    pub fn send(&self, command: Command) -> bool {
+        self.commands.send(command).is_ok()
+    }
+
+    /// Asks the loop to commit what is pending and stop (without waiting: see [`Self::join`]).
+    pub fn stop(&self) {
+        self.send(Command::Stop);
+    }
+
+    /// Asks the loop to stop at once, committing nothing more: another owner took over.
+    pub fn fence(&self) {
+        self.send(Command::Fence);
+    }
+
+    /// Commits what is pending, stops, and answers with the offsets committed last (where the
+    /// next owner resumes). `None` when no answer came within `timeout`.
+    pub fn drain(&self, timeout: Duration) -> Option<Vec<SlotProgress>> {
+        self.ask(Command::Drain, timeout)
+    }
+
+    /// Commits what is pending now and goes on; answers with the offsets committed. `None`
+    /// when no answer came within `timeout`.
+    pub fn checkpoint(&self, timeout: Duration) -> Option<Vec<SlotProgress>> {
+        self.ask(Command::Checkpoint, timeout)
+    }
+
+    fn ask(
+        &self,
+        command: fn(Sender<Vec<SlotProgress>>) -> Command,
+        timeout: Duration,
+    ) -> Option<Vec<SlotProgress>> {
+        let (reply, answer) = std::sync::mpsc::channel();
+        if !self.send(command(reply)) {
+            // The loop has ended: what it committed last stands.
+            return Some(self.status.progress.lock().clone());
+        }
+        match answer.recv_timeout(timeout) {
+            Ok(at) => Some(at),
+            // The loop ended without answering (the command was queued behind a stop).
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                Some(self.status.progress.lock().clone())
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
+        }
+    }
+
+    /// Whether the loop has ended (stopped, fenced, or failed for good).
+    pub fn ended(&self) -> bool {
+        self.thread.lock().as_ref().is_none_or(|t| t.is_finished())
+    }
+
+    /// Waits for the loop to end (after a stop, drain or fence).
+    pub fn join(&self) {
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A partition a host should run: its pipeline, id and slots, at an epoch (bumped on each
+/// change of owner or shape).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    /// Partition id.
+    pub id: String,
+    /// Slots `[start, end)`.
+    pub slots: Range<u32>,
+    /// Epoch.
+    pub epoch: u64,
+}
+
+/// What a pipeline's partitions share on a host, kept while it runs here so that partitions
+/// can be started on it later (as assignments change).
+pub(crate) struct PipelineRun {
+    record: Arc<PipelineRecord>,
+    outputs: Arc<WriteLimits>,
+    target: Arc<ModuleTarget>,
+    replays: Arc<ReplayPlan>,
+    events: Arc<EventLog>,
+    on_rollback: RollbackHook,
+}
+
+/// The assignments of a cluster of one host: every partition of the pipeline, at epoch 1.
+pub fn single_host_assignments(record: &PipelineRecord) -> Vec<Assignment> {
+    record
+        .spec
+        .initial_ranges()
+        .into_iter()
+        .enumerate()
+        .map(|(i, slots)| Assignment {
+            id: format!("{}-{i}", record.spec.name),
+            slots,
+            epoch: 1,
+        })
+        .collect()
 }
 
 impl Baton {
@@ -63,14 +169,13 @@ impl Baton {
             .cloned()
             .collect();
         for p in &parts {
-            p.stop.store(true, Ordering::Relaxed);
+            p.stop();
         }
         for p in &parts {
-            if let Some(t) = p.thread.lock().take() {
-                let _ = t.join();
-            }
+            p.join();
         }
         self.partitions.write().retain(|_, h| h.pipeline != name);
+        self.runs.write().remove(name);
         self.targets.write().remove(name);
         self.replay_plans.write().remove(name);
         self.events.write().remove(name);
@@ -157,78 +262,149 @@ impl Baton {
                 }
             })
         };
-        for (i, slots) in spec.initial_ranges().into_iter().enumerate() {
-            let id = format!("{}-{i}", spec.name);
-            let path = self
-                .config
-                .data_dir
-                .join("state")
-                .join(&spec.name)
-                .join(&id);
-            let db = Arc::new(self.state.open_partition(&path, &spec.state_stores())?);
-            let status = Arc::new(PartitionStatus::new());
-            let stop = Arc::new(AtomicBool::new(false));
-            let io: IoFactory = {
-                let (pipeline, id, slots) = (record.clone(), id.clone(), slots.clone());
-                match (&self.embedded, &self.kafka) {
-                    (Some(log), _) => {
-                        let log = log.clone();
-                        Box::new(move || {
-                            Ok(Box::new(EmbeddedIo::new(
-                                log.clone(),
-                                pipeline.clone(),
-                                &id,
-                                slots.clone(),
-                            )) as Box<dyn PartitionIo>)
-                        })
-                    }
-                    (None, Some(k)) => {
-                        let k = k.clone();
-                        Box::new(move || {
-                            Ok(Box::new(KafkaIo::open(
-                                k.clone(),
-                                pipeline.clone(),
-                                &id,
-                                slots.clone(),
-                            )?) as Box<dyn PartitionIo>)
-                        })
-                    }
-                    (None, None) => anyhow::bail!("no transport"),
-                }
-            };
-            let task = PartitionTask {
-                id: id.clone(),
-                pipeline: record.clone(),
-                slots: slots.clone(),
-                db: db.clone(),
-                io,
-                outputs: outputs.clone(),
-                runtime: self.runtime.clone(),
-                target: target.clone(),
-                on_rollback: on_rollback.clone(),
-                events: events.clone(),
-                config: self.config.task.clone(),
-                status: status.clone(),
-                stop: stop.clone(),
-                isolate: Mutex::new(None),
-                replays: replays.clone(),
-                rejected: AtomicU64::new(0),
-            };
-            let thread = std::thread::Builder::new()
-                .name(format!("baton-{id}"))
-                .spawn(move || task.run())?;
-            let handle = PartitionHandle {
-                id: id.clone(),
-                pipeline: record.spec.name.clone(),
-                slots,
-                epoch: 1,
-                db,
-                status,
-                stop,
-                thread: Mutex::new(Some(thread)),
-            };
-            self.partitions.write().insert(id, Arc::new(handle));
+        let run = Arc::new(PipelineRun {
+            record: record.clone(),
+            outputs,
+            target,
+            replays,
+            events,
+            on_rollback,
+        });
+        self.runs.write().insert(spec.name.clone(), run);
+        self.assign(&spec.name, &single_host_assignments(&record))
+    }
+
+    /// Starts and stops this host's partitions of `pipeline` to match `assignments`: one not
+    /// running starts; one running that is not assigned any more drains (commits, stops) and is
+    /// forgotten; one running at an older epoch takes the new one.
+    pub fn assign(&self, pipeline: &str, assignments: &[Assignment]) -> anyhow::Result<()> {
+        let run = self
+            .runs
+            .read()
+            .get(pipeline)
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("pipeline `{pipeline}` is not running here"))?;
+        // A partition runs one shape: a different one for a running partition is refused
+        // before anything changes.
+        for a in assignments {
+            if let Some(h) = self.partitions.read().get(&a.id)
+                && h.slots != a.slots
+            {
+                anyhow::bail!(
+                    "partition `{}` runs slots {:?} here, and its assignment says {:?}",
+                    a.id,
+                    h.slots,
+                    a.slots
+                );
+            }
         }
+        let wanted: BTreeSet<&str> = assignments.iter().map(|a| a.id.as_str()).collect();
+        let gone: Vec<_> = self
+            .partitions
+            .read()
+            .values()
+            .filter(|h| h.pipeline == pipeline && !wanted.contains(h.id.as_str()))
+            .cloned()
+            .collect();
+        for h in &gone {
+            h.stop();
+        }
+        for h in &gone {
+            h.join();
+            self.partitions.write().remove(&h.id);
+        }
+        for a in assignments {
+            let running = self.partitions.read().get(&a.id).cloned();
+            match running {
+                Some(h) if !h.ended() => {
+                    h.epoch.fetch_max(a.epoch, Ordering::Relaxed);
+                }
+                // Its loop ended (drained, fenced, or failed for good): a new one starts.
+                Some(h) => {
+                    h.join();
+                    self.partitions.write().remove(&h.id);
+                    self.start_partition(&run, a)?;
+                }
+                None => self.start_partition(&run, a)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts one partition's loop on a thread of its own.
+    fn start_partition(&self, run: &PipelineRun, a: &Assignment) -> anyhow::Result<()> {
+        let record = &run.record;
+        let spec = &record.spec;
+        let (id, slots) = (a.id.clone(), a.slots.clone());
+        let path = self
+            .config
+            .data_dir
+            .join("state")
+            .join(&spec.name)
+            .join(&id);
+        let db = self.state.open_shared(&path, &spec.state_stores())?;
+        let status = Arc::new(PartitionStatus::new());
+        let (commands, inbox) = Inbox::channel();
+        let io: IoFactory = {
+            let (pipeline, id, slots) = (record.clone(), id.clone(), slots.clone());
+            match (&self.embedded, &self.kafka) {
+                (Some(log), _) => {
+                    let log = log.clone();
+                    Box::new(move || {
+                        Ok(Box::new(EmbeddedIo::new(
+                            log.clone(),
+                            pipeline.clone(),
+                            &id,
+                            slots.clone(),
+                        )) as Box<dyn PartitionIo>)
+                    })
+                }
+                (None, Some(k)) => {
+                    let k = k.clone();
+                    Box::new(move || {
+                        Ok(Box::new(KafkaIo::open(
+                            k.clone(),
+                            pipeline.clone(),
+                            &id,
+                            slots.clone(),
+                        )?) as Box<dyn PartitionIo>)
+                    })
+                }
+                (None, None) => anyhow::bail!("no transport"),
+            }
+        };
+        let task = PartitionTask {
+            id: id.clone(),
+            pipeline: record.clone(),
+            slots: slots.clone(),
+            db: db.clone(),
+            io,
+            outputs: run.outputs.clone(),
+            runtime: self.runtime.clone(),
+            target: run.target.clone(),
+            on_rollback: run.on_rollback.clone(),
+            events: run.events.clone(),
+            config: self.config.task.clone(),
+            status: status.clone(),
+            inbox,
+            isolate: Mutex::new(None),
+            replays: run.replays.clone(),
+            rejected: AtomicU64::new(0),
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("baton-{id}"))
+            .spawn(move || task.run())?;
+        let handle = PartitionHandle {
+            id: id.clone(),
+            pipeline: record.spec.name.clone(),
+            slots,
+            epoch: AtomicU64::new(a.epoch),
+            db,
+            status,
+            commands,
+            thread: Mutex::new(Some(thread)),
+        };
+        self.partitions.write().insert(id, Arc::new(handle));
         Ok(())
     }
 
@@ -258,7 +434,7 @@ impl Baton {
                     pipeline: h.pipeline.clone(),
                     slots: [h.slots.start, h.slots.end],
                     owner: self.config.host_id.clone(),
-                    epoch: h.epoch,
+                    epoch: h.epoch.load(Ordering::Relaxed),
                     state,
                     restore: h.status.restore.lock().clone(),
                     error,

@@ -97,6 +97,10 @@ pub struct StateEnv {
     /// Database options shared by every partition; their copies share one statistics object,
     /// so block-cache hits and misses are counted per host.
     db_options: Options,
+    /// The partition databases open through [`StateEnv::open_shared`], by path: RocksDB locks
+    /// a database to one opener, so a partition that starts again while its old database is
+    /// still held (by a query in flight, say) gets that one.
+    open: parking_lot::Mutex<std::collections::HashMap<PathBuf, std::sync::Weak<PartitionDb>>>,
 }
 
 /// Block-cache counters of a host since it started.
@@ -130,6 +134,7 @@ impl StateEnv {
             write_buffers,
             memory,
             db_options,
+            open: Default::default(),
         }
     }
 
@@ -206,6 +211,27 @@ impl StateEnv {
         // that floor per partition negligible, so the write-buffer manager's bound holds.
         o.set_arena_block_size(64 << 10);
         o
+    }
+
+    /// The database of a partition at `path`: the one already open there, or opened (or
+    /// created) now, with one column family per store.
+    pub fn open_shared(&self, path: &Path, stores: &[String]) -> Result<Arc<PartitionDb>> {
+        let mut open = self.open.lock();
+        open.retain(|_, db| db.strong_count() > 0);
+        if let Some(db) = open.get(path).and_then(|w| w.upgrade()) {
+            if db.stores != stores {
+                return Err(StateError::Corrupt(format!(
+                    "{}: open with stores {:?}, asked for {:?}",
+                    path.display(),
+                    db.stores,
+                    stores
+                )));
+            }
+            return Ok(db);
+        }
+        let db = Arc::new(self.open_partition(path, stores)?);
+        open.insert(path.to_path_buf(), Arc::downgrade(&db));
+        Ok(db)
     }
 
     /// Opens (or creates) the database of a partition at `path` with one column family per store.
