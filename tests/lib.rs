@@ -450,6 +450,7 @@ impl InProcess {
         let baton = tokio::task::spawn_blocking(move || baton::Baton::open(cfg)).await??;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
+        baton.set_address(&format!("http://{addr}"));
         let router = baton::http::router(baton.clone());
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;

@@ -32,8 +32,15 @@ pub struct HostConfig {
     pub state_memory: usize,
     /// Partition loop tuning.
     pub task: TaskConfig,
-    /// Name of this host in the partition table.
-    pub host_id: String,
+    /// Name of this host in the partition table and the cluster (`--host-id`); `None` takes
+    /// the id kept in the data dir (`host-id`), made up on first start.
+    pub host_id: Option<String>,
+    /// The base URL other hosts and clients reach this host's API at (`--advertise`); `None`
+    /// takes the address the API listens on, once it does ([`Baton::set_address`]).
+    pub advertise: Option<String>,
+    /// How long a host may go without a heartbeat before the cluster counts it gone
+    /// (`--session-timeout`; Kafka's group session timeout).
+    pub session_timeout: std::time::Duration,
     /// Kafka, or `None` for the embedded log.
     pub kafka: Option<KafkaConfig>,
     /// Name of the cluster: its control log is `<cluster>.control` and its module chunks
@@ -53,7 +60,9 @@ impl HostConfig {
             data_dir: data_dir.into(),
             state_memory: 512 << 20,
             task: TaskConfig::default(),
-            host_id: "local".into(),
+            host_id: None,
+            advertise: None,
+            session_timeout: std::time::Duration::from_secs(10),
             kafka: None,
             cluster: "baton".into(),
             native_modules: Vec::new(),
@@ -99,6 +108,12 @@ pub struct Baton {
     pub(crate) control_faults: AtomicU32,
     /// Pipelines whose partitions could not start here, with the reason.
     pub(crate) start_failures: RwLock<BTreeMap<String, String>>,
+    /// This host's id.
+    pub(crate) host_id: String,
+    /// The base URL of this host's API, as it advertises it.
+    pub(crate) address: Arc<RwLock<String>>,
+    /// The hosts of the cluster.
+    pub(crate) membership: std::sync::OnceLock<Box<dyn crate::cluster::Membership>>,
 }
 
 impl Baton {
@@ -106,6 +121,12 @@ impl Baton {
     /// compiled-code cache) and starts every pipeline's partitions.
     pub fn open(config: HostConfig) -> anyhow::Result<Arc<Self>> {
         std::fs::create_dir_all(&config.data_dir)?;
+        let host_id = match &config.host_id {
+            Some(id) => id.clone(),
+            None => crate::cluster::stable_host_id(&config.data_dir)?,
+        };
+        crate::cluster::check_host_id(&host_id).map_err(anyhow::Error::msg)?;
+        let address = Arc::new(RwLock::new(config.advertise.clone().unwrap_or_default()));
         let (transport, embedded, kafka): (Arc<dyn Transport>, _, _) = match &config.kafka {
             None => {
                 let log = Arc::new(EmbeddedLog::open(&config.data_dir.join("log"))?);
@@ -151,7 +172,11 @@ impl Baton {
             deleting: Mutex::new(Default::default()),
             control_faults: AtomicU32::new(0),
             start_failures: RwLock::new(BTreeMap::new()),
+            host_id,
+            address,
+            membership: std::sync::OnceLock::new(),
         });
+        baton.join_cluster()?;
         for m in &baton.config.native_modules {
             baton.modules.write().insert(m.address(), Module::native(m));
         }
@@ -252,6 +277,60 @@ impl Baton {
         Ok((records, end))
     }
 
+    /// Takes part in the cluster: alone on the embedded log; on Kafka, a member of the group
+    /// `<cluster>.hosts` that reports its load to `<cluster>.load`.
+    fn join_cluster(&self) -> anyhow::Result<()> {
+        let me = self.me.clone();
+        let sampler: crate::cluster::Sampler = Box::new(move || {
+            let mut s = crate::cluster::LoadSample::default();
+            if let Some(b) = me.upgrade() {
+                for h in b.partitions.read().values() {
+                    s.records += h.status.records.load(Ordering::Relaxed);
+                    s.guest_us += h.status.time.process_us.load(Ordering::Relaxed);
+                    s.partitions += 1;
+                }
+            }
+            s
+        });
+        let membership: Box<dyn crate::cluster::Membership> =
+            match (&self.kafka, &self.config.kafka) {
+                (Some(k), Some(cfg)) => Box::new(crate::cluster::KafkaMembership::join(
+                    k,
+                    cfg,
+                    &self.config.cluster,
+                    &self.host_id,
+                    self.address.clone(),
+                    self.config.session_timeout,
+                    sampler,
+                )?),
+                _ => Box::new(crate::cluster::Alone::new(
+                    self.host_id.clone(),
+                    self.address.clone(),
+                    sampler,
+                )),
+            };
+        let _ = self.membership.set(membership);
+        Ok(())
+    }
+
+    /// This host's id.
+    pub fn host_id(&self) -> &str {
+        &self.host_id
+    }
+
+    /// Sets the address this host advertises, unless `--advertise` gave one: the API's base URL
+    /// once it listens.
+    pub fn set_address(&self, url: &str) {
+        if self.config.advertise.is_none() {
+            *self.address.write() = url.to_string();
+        }
+    }
+
+    /// The hosts of the cluster, as this host sees them.
+    pub fn hosts(&self) -> Vec<crate::cluster::HostInfo> {
+        self.membership.get().map(|m| m.hosts()).unwrap_or_default()
+    }
+
     /// Stops every partition at its next batch boundary and waits for them.
     pub fn shutdown(&self) {
         let parts: Vec<_> = self.partitions.read().values().cloned().collect();
@@ -260,6 +339,9 @@ impl Baton {
         }
         for p in &parts {
             p.join();
+        }
+        if let Some(m) = self.membership.get() {
+            m.leave();
         }
         tracing::info!("baton host stopped");
     }

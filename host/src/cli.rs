@@ -111,6 +111,8 @@ pub enum Call {
     Pipelines(Pipelines),
     /// Shows the partition table.
     Partitions,
+    /// Lists the hosts of the cluster: alive, controller, load, last heartbeat.
+    Hosts,
     /// Looks up one key of a pipeline's store.
     Get {
         /// Pipeline.
@@ -269,6 +271,7 @@ async fn call_api(c: &Client, call: Call) -> anyhow::Result<Value> {
             .await
         }
         Call::Partitions => c.send(c.request(Method::GET, "/api/v1/partitions")).await,
+        Call::Hosts => c.send(c.request(Method::GET, "/api/v1/hosts")).await,
         Call::Get {
             pipeline,
             store,

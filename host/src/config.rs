@@ -21,6 +21,13 @@ pub struct FileConfig {
     pub max_call: Option<usize>,
     /// `cluster = "baton"`: the cluster's name; its control log is `<cluster>.control`.
     pub cluster: Option<String>,
+    /// `host_id = "b1"`: this host's id in the cluster (default: one kept in the data dir).
+    pub host_id: Option<String>,
+    /// `advertise = "http://10.0.0.5:8080"`: the base URL other hosts reach this host's API at
+    /// (default: the address the API listens on).
+    pub advertise: Option<String>,
+    /// `session_timeout = "10s"`: how long a silent host stays a member of the cluster.
+    pub session_timeout: Option<String>,
     /// `token = "..."`: mutating API calls need `Authorization: Bearer <token>`.
     pub token: Option<String>,
     /// `kafka = "127.0.0.1:9092"`: run on Kafka instead of the embedded log.
@@ -54,6 +61,26 @@ pub fn parse_key_value(s: &str) -> Result<(String, String), String> {
     }
 }
 
+/// Parses a duration such as `10s`, `6000ms` or `1m`.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("`{s}`: expected a number and a unit, e.g. 10s or 6000ms"))?;
+    let ms = match unit.trim() {
+        "ms" => n,
+        "s" => n.saturating_mul(1000),
+        "m" => n.saturating_mul(60_000),
+        u => return Err(format!("`{s}`: unknown unit `{u}`; use ms, s or m")),
+    };
+    if ms == 0 {
+        return Err(format!("`{s}` must be more than zero"));
+    }
+    Ok(std::time::Duration::from_millis(ms))
+}
+
 /// Parses a size such as `512MiB`, `1GiB`, `64MB` or a plain number of bytes.
 pub fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim();
@@ -80,6 +107,17 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_parse_with_their_unit() {
+        use std::time::Duration;
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("6000ms"), Ok(Duration::from_millis(6000)));
+        assert_eq!(parse_duration(" 1m "), Ok(Duration::from_secs(60)));
+        for bad in ["10", "s", "0s", "5h", "-1s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn sizes() {

@@ -11,6 +11,7 @@
 #![deny(missing_docs)]
 
 pub mod app;
+pub mod cluster;
 pub mod config;
 pub mod control;
 pub mod error;

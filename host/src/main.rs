@@ -36,7 +36,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Runs a host: the API and dashboard, and every pipeline's partitions.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Client commands: calls to a host's HTTP API.
     #[command(flatten)]
     Client(cli::Call),
@@ -68,6 +68,19 @@ struct RunArgs {
     /// Cluster name: the control log is `<cluster>.control` [default: baton].
     #[arg(long)]
     cluster: Option<String>,
+    /// This host's id in the cluster [default: one made up on first start and kept in the data
+    /// dir's `host-id`].
+    #[arg(long)]
+    host_id: Option<String>,
+    /// The base URL other hosts and clients reach this host's API at [default: the address of
+    /// --http].
+    #[arg(long)]
+    advertise: Option<String>,
+    /// How long a host may go without a heartbeat before the cluster counts it gone, e.g. 10s
+    /// or 6000ms [default: 10s]; Kafka's group session timeout (the broker allows 6s to 300s by
+    /// default).
+    #[arg(long)]
+    session_timeout: Option<String>,
     /// A librdkafka setting for every client, key=value (repeatable).
     #[arg(long = "kafka-config", value_parser = parse_key_value)]
     kafka_config: Vec<(String, String)>,
@@ -92,7 +105,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let call = match cli.command {
         // `--token` (or BATON_TOKEN) is what the host requires of mutating calls.
-        Command::Run(args) => return run(args, cli.conn.token),
+        Command::Run(args) => return run(*args, cli.conn.token),
         Command::Client(call) => call,
     };
     cli::run(cli.conn, call)
@@ -130,6 +143,21 @@ fn run(args: RunArgs, token: Option<String>) -> anyhow::Result<()> {
     if let Some(c) = args.cluster.or(file.cluster) {
         config.cluster = c;
     }
+    if let Some(id) = args.host_id.or(file.host_id) {
+        baton::cluster::check_host_id(&id).map_err(|e| anyhow::anyhow!("--host-id: {e}"))?;
+        config.host_id = Some(id);
+    }
+    if let Some(a) = args.advertise.or(file.advertise) {
+        anyhow::ensure!(
+            a.starts_with("http://") || a.starts_with("https://"),
+            "--advertise {a:?}: give a base URL, e.g. http://10.0.0.5:8080"
+        );
+        config.advertise = Some(a.trim_end_matches('/').to_string());
+    }
+    if let Some(t) = args.session_timeout.or(file.session_timeout) {
+        config.session_timeout = baton::config::parse_duration(&t)
+            .map_err(|e| anyhow::anyhow!("--session-timeout: {e}"))?;
+    }
     if let Some(bootstrap) = args.kafka.or(file.kafka) {
         let mut settings: Vec<(String, String)> = file.kafka_config.into_iter().collect();
         settings.extend(args.kafka_config);
@@ -158,6 +186,7 @@ fn run(args: RunArgs, token: Option<String>) -> anyhow::Result<()> {
             .with_context(|| format!("binding {http}"))?;
         let addr = listener.local_addr()?;
         std::fs::write(data_dir.join("baton.addr"), addr.to_string())?;
+        baton.set_address(&format!("http://{addr}"));
         tracing::info!("baton listening on http://{addr}");
         axum::serve(listener, baton::http::router(baton.clone()))
             .with_graceful_shutdown(shutdown_signal())

@@ -115,7 +115,7 @@ impl Baton {
                 .map(i64::from_be_bytes),
             slot,
             partition: handle.id.clone(),
-            owner: self.config.host_id.clone(),
+            owner: self.host_id.clone(),
             restoring: matches!(*handle.status.phase.lock(), Phase::Restoring),
             matches: Vec::new(),
         }

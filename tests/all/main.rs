@@ -3,6 +3,7 @@
 
 mod api;
 mod cli;
+mod cluster;
 mod contracts;
 mod dead_letters;
 mod expiry;

@@ -336,6 +336,19 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
         },
         Op {
             method: "get",
+            path: "/api/v1/hosts",
+            summary: "The hosts of the cluster: id, address, alive, controller, load, last heartbeat.",
+            params: &[],
+            request: None,
+            ok: (
+                200,
+                "application/json",
+                Some(arr(s(|g| g.subschema_for::<crate::cluster::HostInfo>()))),
+            ),
+            errors: &[],
+        },
+        Op {
+            method: "get",
             path: "/api/v1/topics",
             summary: "Topics and their partition counts.",
             params: &[],

@@ -433,7 +433,7 @@ impl Baton {
                     id: h.id.clone(),
                     pipeline: h.pipeline.clone(),
                     slots: [h.slots.start, h.slots.end],
-                    owner: self.config.host_id.clone(),
+                    owner: self.host_id.clone(),
                     epoch: h.epoch.load(Ordering::Relaxed),
                     state,
                     restore: h.status.restore.lock().clone(),

@@ -47,6 +47,11 @@ impl KafkaConfig {
         }
     }
 
+    /// A client config with `defaults`, then the user's settings.
+    pub fn client_config(&self, defaults: &[(&str, &str)]) -> ClientConfig {
+        self.client(defaults)
+    }
+
     /// A client config with baton's defaults for `role`, then the user's settings.
     fn client(&self, defaults: &[(&str, &str)]) -> ClientConfig {
         let mut cfg = ClientConfig::new();

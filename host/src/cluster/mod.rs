@@ -1,0 +1,159 @@
+//! The cluster: which hosts are alive, which one is the controller, and the load each reports.
+//!
+//! On Kafka, liveness and the controller's choice come from Kafka's group coordinator, not from
+//! a consensus of baton's own: every host is a member of the consumer group `<cluster>.hosts`,
+//! subscribed to the one-partition topic of that name. The session timeout decides who is
+//! alive; the member assigned partition 0 is the controller. Each host reports its load once a
+//! second to the compacted topic `<cluster>.load`, keyed by its id, and tails that topic for the
+//! others' reports. On the embedded log the cluster is this host alone.
+
+pub mod membership;
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+pub use membership::{Alone, KafkaMembership};
+
+/// What a host says of itself in `<cluster>.load`, once a second.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct LoadReport {
+    /// The base URL of its API.
+    pub address: String,
+    /// Records processed per second, over the last few seconds.
+    pub records_per_s: f64,
+    /// Seconds spent in guest calls per second, over the last few seconds.
+    pub guest_cpu_s_per_s: f64,
+    /// Partitions it runs.
+    pub partitions: u32,
+    /// When it was sent (ms since the Unix epoch): the host's last heartbeat.
+    pub at: i64,
+}
+
+/// A host as `GET /api/v1/hosts` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct HostInfo {
+    /// Its id (`--host-id`).
+    pub id: String,
+    /// The base URL of its API (`--advertise`).
+    pub address: String,
+    /// A member of the cluster now (its group session is live).
+    pub alive: bool,
+    /// The cluster's controller.
+    pub controller: bool,
+    /// Its last load report.
+    pub load: Option<LoadReport>,
+    /// When its last load report was sent (ms since the Unix epoch).
+    pub last_heartbeat_ms: Option<i64>,
+}
+
+/// Which hosts form the cluster, as this host sees it.
+pub trait Membership: Send + Sync {
+    /// Every host known: alive members first by id, then hosts that left.
+    fn hosts(&self) -> Vec<HostInfo>;
+    /// Stops taking part (leaves the group at once rather than by timing out).
+    fn leave(&self);
+}
+
+/// One sample of what a host did so far.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadSample {
+    /// Records processed since the host started.
+    pub records: u64,
+    /// Microseconds spent in guest calls since the host started.
+    pub guest_us: u64,
+    /// Partitions running now.
+    pub partitions: u32,
+}
+
+/// Where load samples come from (the host's partitions).
+pub type Sampler = Box<dyn Fn() -> LoadSample + Send + Sync>;
+
+/// Rates over the last few seconds of samples.
+#[derive(Default)]
+pub struct LoadMeter {
+    samples: Mutex<VecDeque<(Instant, LoadSample)>>,
+}
+
+impl LoadMeter {
+    /// Takes `now`'s sample and returns the rates since the oldest kept (up to 5 s back).
+    pub fn rates(&self, sample: LoadSample) -> (f64, f64) {
+        let now = Instant::now();
+        let mut s = self.samples.lock();
+        while s.len() > 1
+            && s.front()
+                .is_some_and(|(t, _)| now - *t > std::time::Duration::from_secs(5))
+        {
+            s.pop_front();
+        }
+        let rates = match s.front() {
+            Some((t, old)) if now > *t => {
+                let secs = (now - *t).as_secs_f64();
+                (
+                    sample.records.saturating_sub(old.records) as f64 / secs,
+                    sample.guest_us.saturating_sub(old.guest_us) as f64 / 1e6 / secs,
+                )
+            }
+            _ => (0.0, 0.0),
+        };
+        s.push_back((now, sample));
+        rates
+    }
+}
+
+/// A host id: 1 to 64 of `[A-Za-z0-9._-]`.
+pub fn check_host_id(id: &str) -> Result<(), String> {
+    if id.is_empty()
+        || id.len() > 64
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err(format!(
+            "host id {id:?} must be 1 to 64 letters, digits, `.`, `_` or `-`"
+        ));
+    }
+    Ok(())
+}
+
+/// The id of the host whose data dir is `dir`: the one kept in `dir/host-id`, or a new one
+/// kept there, so that a host restarted on its data keeps its id.
+pub fn stable_host_id(dir: &std::path::Path) -> std::io::Result<String> {
+    let path = dir.join("host-id");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if check_host_id(id.trim()).is_ok() => return Ok(id.trim().to_string()),
+        Ok(_) | Err(_) => {}
+    }
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    h.write_u32(std::process::id());
+    let id = format!("host-{:08x}", h.finish() as u32);
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(&path, &id)?;
+    Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_ids_are_checked_and_kept() {
+        assert!(check_host_id("a-1.b_2").is_ok());
+        for bad in ["", "a b", "ä", &"x".repeat(65)] {
+            assert!(check_host_id(bad).is_err(), "{bad:?}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let first = stable_host_id(dir.path()).unwrap();
+        assert!(check_host_id(&first).is_ok(), "{first}");
+        assert_eq!(stable_host_id(dir.path()).unwrap(), first);
+    }
+}

@@ -1,0 +1,185 @@
+//! Membership: the hosts of a cluster on Kafka see each other through the consumer group
+//! `<cluster>.hosts` and the load reports of `<cluster>.load`; they agree on one controller, and
+//! a host that leaves (cleanly, or by `kill -9` and the session timeout) stops counting as alive.
+//! On the embedded log a host is its own cluster.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use baton_tests::{ChildHost, InProcess, cluster_name, kafka_bootstrap, kafka_lock, wait_for};
+use serde_json::Value;
+
+/// id → (address, alive, controller), as one host answers `GET /api/v1/hosts`.
+type View = BTreeMap<String, (String, bool, bool)>;
+
+async fn view(api: &baton_tests::Api) -> anyhow::Result<View> {
+    let r = api.get("/api/v1/hosts").await?;
+    anyhow::ensure!(r.status == 200, "{r:?}");
+    Ok(r.body
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|h| {
+            (
+                h["id"].as_str().unwrap_or_default().to_string(),
+                (
+                    h["address"].as_str().unwrap_or_default().to_string(),
+                    h["alive"].as_bool().unwrap_or(false),
+                    h["controller"].as_bool().unwrap_or(false),
+                ),
+            )
+        })
+        .collect())
+}
+
+/// Waits until every API in `apis` gives the same view, in which exactly the hosts `alive`
+/// are alive (with their addresses) and one of them is the controller; returns it.
+async fn agreed(
+    apis: &[&baton_tests::Api],
+    alive: &BTreeMap<&str, String>,
+    timeout: Duration,
+) -> anyhow::Result<String> {
+    wait_for("the hosts to agree", timeout, || async {
+        let mut views = Vec::new();
+        for api in apis {
+            views.push(view(api).await?);
+        }
+        let first = &views[0];
+        let live: BTreeMap<&str, String> = first
+            .iter()
+            .filter(|(_, v)| v.1)
+            .map(|(id, v)| (id.as_str(), v.0.clone()))
+            .collect();
+        let controllers: Vec<&String> = first
+            .iter()
+            .filter(|(_, v)| v.1 && v.2)
+            .map(|(id, _)| id)
+            .collect();
+        let same = views.iter().all(|v| v == first);
+        Ok((same && &live == alive && controllers.len() == 1).then(|| controllers[0].clone()))
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_agree_on_members_and_one_controller_as_hosts_come_and_go() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dirs: Vec<_> = (0..4)
+        .map(|_| tempfile::tempdir())
+        .collect::<Result<_, _>>()?;
+    // The child process sets its cluster from its data dir; the others join that cluster.
+    let cluster = cluster_name(dirs[3].path());
+    let mut hosts = Vec::new();
+    for (i, id) in ["a", "b", "c"].iter().enumerate() {
+        let cluster = cluster.clone();
+        hosts.push(
+            InProcess::start_configured(dirs[i].path(), Some(&kafka_bootstrap()), move |c| {
+                c.cluster = cluster;
+                c.host_id = Some(id.to_string());
+                c.session_timeout = Duration::from_secs(6);
+            })
+            .await?,
+        );
+    }
+    let child = ChildHost::start(
+        dirs[3].path(),
+        &[
+            "--kafka",
+            &kafka_bootstrap(),
+            "--host-id",
+            "d",
+            "--session-timeout",
+            "6s",
+        ],
+    )
+    .await?;
+    let mut alive: BTreeMap<&str, String> = ["a", "b", "c"]
+        .iter()
+        .zip(&hosts)
+        .map(|(id, h)| (*id, h.api.base().to_string()))
+        .collect();
+    alive.insert("d", child.api.base().to_string());
+    let apis = |hosts: &[InProcess]| -> Vec<baton_tests::Api> {
+        hosts.iter().map(|h| h.api.clone()).collect()
+    };
+    let all = [apis(&hosts), vec![child.api.clone()]].concat();
+    let refs: Vec<&baton_tests::Api> = all.iter().collect();
+    let controller = agreed(&refs, &alive, Duration::from_secs(60)).await?;
+
+    // Each reports its load and heartbeat.
+    let r = hosts[0].api.get("/api/v1/hosts").await?;
+    for h in r.body.as_array().unwrap() {
+        assert!(h["load"]["partitions"].is_u64(), "{h}");
+        assert!(
+            h["last_heartbeat_ms"].as_i64().unwrap() > 1_700_000_000_000,
+            "{h}"
+        );
+    }
+
+    // kill -9: the others count it gone once its session times out.
+    let killed = Instant::now();
+    child.kill9()?;
+    alive.remove("d");
+    let refs: Vec<&baton_tests::Api> = all[..3].iter().collect();
+    let after_kill = agreed(&refs, &alive, Duration::from_secs(60)).await?;
+    assert!(
+        killed.elapsed() < Duration::from_secs(40),
+        "a dead host took {:?} to be noticed",
+        killed.elapsed()
+    );
+    let gone = view(&all[0]).await?;
+    assert_eq!(
+        gone.get("d").map(|v| v.1),
+        Some(false),
+        "d is listed, not alive: {gone:?}"
+    );
+
+    // The controller stops cleanly: another takes over, agreed by the rest.
+    let at = ["a", "b", "c"]
+        .iter()
+        .position(|id| *id == after_kill)
+        .unwrap_or_else(|| panic!("controller {after_kill} (before: {controller}) is a, b or c"));
+    let leaving = hosts.remove(at);
+    leaving.stop().await?;
+    alive.remove(after_kill.as_str());
+    let rest = apis(&hosts);
+    let refs: Vec<&baton_tests::Api> = rest.iter().collect();
+    let next = agreed(&refs, &alive, Duration::from_secs(30)).await?;
+    assert_ne!(next, after_kill, "a host that left is not the controller");
+    for h in hosts {
+        h.stop().await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_embedded_log_a_host_is_its_own_cluster() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let host = InProcess::start(dir.path()).await?;
+    let hosts = host.api.get("/api/v1/hosts").await?.body;
+    let list = hosts.as_array().cloned().unwrap_or_default();
+    assert_eq!(list.len(), 1, "{hosts}");
+    let me: &Value = &list[0];
+    // The id is made up once and kept in the data dir.
+    let id = std::fs::read_to_string(dir.path().join("host-id"))?;
+    assert_eq!(me["id"], id.trim());
+    assert_eq!(me["address"], host.api.base());
+    assert_eq!(
+        (me["alive"].as_bool(), me["controller"].as_bool()),
+        (Some(true), Some(true))
+    );
+    let parts = host.api.get("/api/v1/partitions").await?.body;
+    assert!(
+        parts
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["owner"] == id.trim())
+    );
+    host.stop().await?;
+    // Restarted on its data, it keeps its id.
+    let again = InProcess::start(dir.path()).await?;
+    let hosts = again.api.get("/api/v1/hosts").await?.body;
+    assert_eq!(hosts[0]["id"], id.trim());
+    again.stop().await
+}
