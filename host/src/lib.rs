@@ -16,6 +16,7 @@ pub mod config;
 pub mod control;
 pub mod error;
 pub mod http;
+pub mod local;
 pub mod partition;
 pub mod partitioner;
 pub mod query;

@@ -37,9 +37,36 @@ struct Cli {
 enum Command {
     /// Runs a host: the API and dashboard, and every pipeline's partitions.
     Run(Box<RunArgs>),
+    /// Runs a component over records from a file, locally: no broker, no host process.
+    /// Prints the guest's logs, its outputs and dead letters (with the trap's backtrace and the
+    /// record), then the final state, as JSON lines; exits non-zero when the state differs
+    /// from --expect.
+    TestPlugin(TestPluginArgs),
     /// Client commands: calls to a host's HTTP API.
     #[command(flatten)]
     Client(cli::Call),
+}
+
+#[derive(clap::Args)]
+struct TestPluginArgs {
+    /// The component (.wasm).
+    component: PathBuf,
+    /// Input records, one JSON object per line: {"key", "value", "key_base64"?,
+    /// "value_base64"?, "timestamp", "headers"?, "slot"?}; without a slot, murmur2 of the key.
+    #[arg(long)]
+    input: PathBuf,
+    /// Expected final state, one {"store", "slot", "key", "value_base64"} per line.
+    #[arg(long)]
+    expect: Option<PathBuf>,
+    /// A config entry for `init`, key=value (repeatable).
+    #[arg(long = "config", value_parser = parse_key_value)]
+    config: Vec<(String, String)>,
+    /// Slots of the input [default: 1].
+    #[arg(long, default_value_t = 1)]
+    slots: u32,
+    /// A store the processor opens (repeatable); the stores named in --expect are opened too.
+    #[arg(long = "store")]
+    stores: Vec<String>,
 }
 
 #[derive(clap::Args)]
@@ -106,9 +133,63 @@ fn main() -> anyhow::Result<()> {
     let call = match cli.command {
         // `--token` (or BATON_TOKEN) is what the host requires of mutating calls.
         Command::Run(args) => return run(*args, cli.conn.token),
+        Command::TestPlugin(args) => return test_plugin(args),
         Command::Client(call) => call,
     };
     cli::run(cli.conn, call)
+}
+
+fn test_plugin(args: TestPluginArgs) -> anyhow::Result<()> {
+    use baton::local;
+    use std::io::Write as _;
+    let read = |p: &PathBuf| {
+        std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+    };
+    let component = std::fs::read(&args.component)
+        .with_context(|| format!("reading {}", args.component.display()))?;
+    let input = local::parse_input(&read(&args.input)?).map_err(anyhow::Error::msg)?;
+    let expect = match &args.expect {
+        Some(p) => Some(local::parse_state(&read(p)?).map_err(anyhow::Error::msg)?),
+        None => None,
+    };
+    let mut stores = args.stores.clone();
+    for e in expect.iter().flatten() {
+        if !stores.contains(&e.store) {
+            stores.push(e.store.clone());
+        }
+    }
+    let spec = local::LocalRun {
+        component,
+        config: args.config,
+        slots: args.slots,
+        stores,
+    };
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let outcome = local::run(&spec, &input, &mut |v| {
+        let _ = writeln!(out, "{v}");
+    })?;
+    for e in &outcome.state {
+        writeln!(out, "{}", serde_json::json!({ "state": e }))?;
+    }
+    out.flush()?;
+    eprintln!(
+        "{} records, {} failed, {} state entries",
+        input.len(),
+        outcome.failed,
+        outcome.state.len()
+    );
+    if let Some(want) = expect {
+        let diff = local::diff(&outcome.state, &want);
+        if !diff.is_empty() {
+            for d in &diff {
+                eprintln!("{d}");
+            }
+            anyhow::bail!("the state differs from --expect in {} entries", diff.len());
+        }
+        eprintln!("the state matches --expect");
+    }
+    Ok(())
 }
 
 fn run(args: RunArgs, token: Option<String>) -> anyhow::Result<()> {

@@ -18,6 +18,7 @@ mod openapi;
 mod restart;
 mod supervisor;
 mod swap;
+mod test_plugin;
 mod timers;
 mod too_large;
 mod windows;

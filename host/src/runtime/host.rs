@@ -120,6 +120,8 @@ pub struct WriteLimits {
     /// Per store: most bytes of key and value its changelog takes in one record (`None`: no
     /// changelog limit).
     pub changelog_record_bytes: Vec<Option<usize>>,
+    /// Any topic is an output, of one partition (local runs, which have no topics).
+    pub any_output: bool,
 }
 
 impl Default for WriteLimits {
@@ -131,6 +133,7 @@ impl Default for WriteLimits {
             max_value_bytes: usize::MAX,
             max_timers: u64::MAX,
             changelog_record_bytes: Vec::new(),
+            any_output: false,
         }
     }
 }
@@ -309,6 +312,11 @@ pub struct HostCtx {
     pub(super) call_event_time: Option<(u32, i64)>,
     /// The processing time of the current call, in milliseconds since the Unix epoch.
     pub(super) call_now: i64,
+    /// When set, the processing time of every call (local runs drive it from the records'
+    /// timestamps); `None` is the wall clock.
+    pub clock: Option<i64>,
+    /// The Wasm backtrace of the last trap, when there was one.
+    pub last_backtrace: parking_lot::Mutex<Option<String>>,
     /// The id of the host's own store (`__time`), when the partition keeps one.
     pub(super) time_store: Option<usize>,
     /// Per slot and store: whether entries may carry an expiry.
@@ -348,6 +356,8 @@ impl HostCtx {
             event_times: HashMap::new(),
             call_event_time: None,
             call_now: 0,
+            clock: None,
+            last_backtrace: parking_lot::Mutex::new(None),
             time_store: db.store_id(super::time::TIME_STORE),
             expiring: HashMap::new(),
         }
@@ -362,7 +372,7 @@ impl HostCtx {
     pub fn begin_call(&mut self, cursor: Cursor) {
         self.cursor = cursor;
         self.call_event_time = None;
-        self.call_now = now_ms();
+        self.call_now = self.clock.unwrap_or_else(now_ms);
         self.call_start = self.outputs.len();
     }
 
@@ -712,7 +722,12 @@ impl HostCtx {
         headers: Vec<(String, Vec<u8>)>,
         timestamp: Option<i64>,
     ) -> Result<(), Error> {
-        let Some(&out) = self.limits_w.outputs.get(topic) else {
+        let any = OutputTopic {
+            partitions: 1,
+            max_record_bytes: None,
+        };
+        let declared = self.limits_w.outputs.get(topic).copied();
+        let Some(out) = declared.or(self.limits_w.any_output.then_some(any)) else {
             let mut declared: Vec<_> = self.limits_w.outputs.keys().cloned().collect();
             declared.sort();
             return Err(Error::NoSuchTopic(format!(
@@ -1138,7 +1153,7 @@ mod contract_0_2 {
         }
 
         fn processing_time(&mut self) -> wasmtime::Result<i64> {
-            Ok(now_ms())
+            Ok(self.clock.unwrap_or_else(now_ms))
         }
     }
 

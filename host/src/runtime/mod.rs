@@ -519,6 +519,9 @@ fn trap_message(ctx: &HostCtx, t: wasmtime::Error) -> String {
             .unwrap_or_default()
             .to_string(),
     };
+    if let Some(bt) = t.downcast_ref::<wasmtime::WasmBacktrace>() {
+        *ctx.last_backtrace.lock() = Some(format!("{bt}"));
+    }
     let tail = ctx.stderr_tail();
     if tail.is_empty() {
         what
