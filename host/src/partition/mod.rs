@@ -299,6 +299,10 @@ pub struct PartitionTask {
     pub replays: Arc<ReplayPlan>,
     /// The generation of the target this partition refused last (0: none).
     pub rejected: AtomicU64,
+    /// The target when the partition was started: its first session runs it, so that a swap
+    /// requested before that session began happens at a batch boundary, with its report and
+    /// probation, like any other.
+    pub initial: Mutex<Option<Target>>,
 }
 
 impl PartitionStatus {
@@ -706,7 +710,11 @@ impl PartitionTask {
 
     fn session(&self) -> Result<(), SessionError> {
         let rejected = self.rejected.load(Ordering::Relaxed);
-        let mut current = self.target.get();
+        let mut current = self
+            .initial
+            .lock()
+            .take()
+            .unwrap_or_else(|| self.target.get());
         if current.generation == rejected
             && let Some(previous) = self.target.rollback_target(rejected)
         {

@@ -390,6 +390,7 @@ impl Baton {
             isolate: Mutex::new(None),
             replays: run.replays.clone(),
             rejected: AtomicU64::new(0),
+            initial: Mutex::new(Some(run.target.get())),
         };
         let thread = std::thread::Builder::new()
             .name(format!("baton-{id}"))
