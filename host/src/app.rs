@@ -114,6 +114,12 @@ pub struct Baton {
     pub(crate) address: Arc<RwLock<String>>,
     /// The hosts of the cluster.
     pub(crate) membership: std::sync::OnceLock<Box<dyn crate::cluster::Membership>>,
+    /// The next control-log offset the follower reads (Kafka).
+    pub(crate) control_offset: Mutex<u64>,
+    /// Stops the follower and the controller.
+    pub(crate) background_stop: Arc<std::sync::atomic::AtomicBool>,
+    /// The follower's and the controller's threads.
+    pub(crate) background: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 impl Baton {
@@ -147,7 +153,8 @@ impl Baton {
         transport.ensure_topic(&control_topic, 1, TopicKind::Forever)?;
         // Module bytes in chunks keyed `<sha256>:<i>:<n>`: compaction keeps every chunk.
         transport.ensure_topic(&modules_topic, 1, TopicKind::Compacted)?;
-        let catalog = replay_control(transport.as_ref(), &control_topic, CONTROL_REPLAY_STALL)?;
+        let (catalog, control_end) =
+            replay_control(transport.as_ref(), &control_topic, CONTROL_REPLAY_STALL)?;
         let baton = Arc::new_cyclic(|me| Baton {
             me: me.clone(),
             resolver: Box::new(LocalResolver),
@@ -175,6 +182,9 @@ impl Baton {
             host_id,
             address,
             membership: std::sync::OnceLock::new(),
+            control_offset: Mutex::new(control_end),
+            background_stop: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            background: Mutex::new(Vec::new()),
         });
         baton.join_cluster()?;
         for m in &baton.config.native_modules {
@@ -195,6 +205,13 @@ impl Baton {
         // A pipeline that cannot start here shows `failed` with the reason; the others run.
         for p in pipelines {
             baton.start_or_record(Arc::new(p));
+        }
+        if baton.kafka.is_some() {
+            // Other hosts' changes, and the controller's assignments, from here on.
+            let stop = baton.background_stop.clone();
+            let follower = baton.follow_control(control_end, stop.clone())?;
+            let controller = baton.run_controller(stop)?;
+            baton.background.lock().extend([follower, controller]);
         }
         tracing::info!(data_dir = %baton.config.data_dir.display(), "baton host open");
         Ok(baton)
@@ -339,6 +356,11 @@ impl Baton {
         }
         for p in &parts {
             p.join();
+        }
+        self.background_stop.store(true, Ordering::Relaxed);
+        let threads: Vec<_> = self.background.lock().drain(..).collect();
+        for t in threads {
+            let _ = t.join();
         }
         if let Some(m) = self.membership.get() {
             m.leave();

@@ -183,3 +183,145 @@ async fn on_the_embedded_log_a_host_is_its_own_cluster() -> anyhow::Result<()> {
     assert_eq!(hosts[0]["id"], id.trim());
     again.stop().await
 }
+
+/// Partitions of pipeline `p` running on one host, by id.
+async fn running(api: &baton_tests::Api, p: &str) -> anyhow::Result<Vec<String>> {
+    Ok(api
+        .partitions()
+        .await?
+        .into_iter()
+        .filter(|x| x["pipeline"] == p && x["state"] == "running")
+        .map(|x| x["id"].as_str().unwrap_or_default().to_string())
+        .collect())
+}
+
+/// The count of `key` (in its murmur2 slot of 6), asked of every host until its owner answers.
+async fn count_anywhere(apis: &[baton_tests::Api], key: &str) -> anyhow::Result<Option<i64>> {
+    let slot = baton::partitioner::partition_for_key(key.as_bytes(), 6);
+    for api in apis {
+        let r = api
+            .get(&format!(
+                "/api/v1/pipelines/wc/stores/counts/keys/{key}?slot={slot}"
+            ))
+            .await?;
+        if r.status == 200 {
+            return Ok(r.body["value_i64"].as_i64());
+        }
+    }
+    Ok(None)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_spread_over_hosts_and_fail_over_with_exact_counts() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dirs: Vec<_> = (0..3)
+        .map(|_| tempfile::tempdir())
+        .collect::<Result<_, _>>()?;
+    let cluster = cluster_name(dirs[0].path());
+    let mut hosts = Vec::new();
+    for (i, id) in ["a", "b", "c"].iter().enumerate() {
+        let cluster = cluster.clone();
+        hosts.push(
+            InProcess::start_configured(dirs[i].path(), Some(&kafka_bootstrap()), move |c| {
+                c.cluster = cluster;
+                c.host_id = Some(id.to_string());
+                c.session_timeout = Duration::from_secs(6);
+            })
+            .await?,
+        );
+    }
+    let apis: Vec<baton_tests::Api> = hosts.iter().map(|h| h.api.clone()).collect();
+    let everyone: BTreeMap<&str, String> = ["a", "b", "c"]
+        .iter()
+        .zip(&apis)
+        .map(|(id, a)| (*id, a.base().to_string()))
+        .collect();
+    let refs: Vec<&baton_tests::Api> = apis.iter().collect();
+    agreed(&refs, &everyone, Duration::from_secs(60)).await?;
+
+    // Created on a: every host learns of the pipeline, and each runs one of its partitions.
+    let input = baton_tests::unique("cl-in");
+    apis[0]
+        .upload_plugin("word-count", "word-count", "1")
+        .await?;
+    apis[0]
+        .create_pipeline(serde_json::json!({
+            "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
+            "stores": ["counts"], "slots": 6, "partitions": 3
+        }))
+        .await?;
+    wait_for(
+        "one partition running on each host",
+        Duration::from_secs(60),
+        || async {
+            let mut all = Vec::new();
+            for api in &apis {
+                let mine = running(api, "wc").await?;
+                if mine.len() != 1 {
+                    return Ok(None);
+                }
+                all.extend(mine);
+            }
+            all.sort();
+            Ok((all == ["wc-0", "wc-1", "wc-2"]).then_some(()))
+        },
+    )
+    .await?;
+    for api in &apis {
+        let r = api.get("/api/v1/pipelines/wc").await?;
+        assert_eq!(r.status, 200, "every host knows the pipeline: {r:?}");
+    }
+
+    let producer = baton_tests::TestProducer::new()?;
+    let keys = baton_tests::words(6_000, 200, 21);
+    let recs: Vec<(String, String)> = keys.iter().map(|k| (k.clone(), "x".into())).collect();
+    producer.send(&input, 6, &recs).await?;
+    let group = format!("{cluster}.wc");
+    let committed = |n: u64| {
+        let (input, group) = (input.clone(), group.clone());
+        async move {
+            let done: u64 = baton_tests::group_offsets(&group, &input, 6)?.iter().sum();
+            Ok((done >= n).then_some(()))
+        }
+    };
+    wait_for(
+        "the first records committed",
+        Duration::from_secs(60),
+        || committed(6_000),
+    )
+    .await?;
+
+    // b leaves: its partition goes to a or c, restored from its changelog, and goes on.
+    let b = hosts.remove(1);
+    let b_had = running(&b.api, "wc").await?;
+    b.stop().await?;
+    let rest: Vec<baton_tests::Api> = hosts.iter().map(|h| h.api.clone()).collect();
+    wait_for(
+        "b's partition to run elsewhere",
+        Duration::from_secs(60),
+        || async {
+            let mut all = Vec::new();
+            for api in &rest {
+                all.extend(running(api, "wc").await?);
+            }
+            Ok(b_had.iter().all(|p| all.contains(p)).then_some(()))
+        },
+    )
+    .await?;
+    let more = baton_tests::words(6_000, 200, 22);
+    let recs: Vec<(String, String)> = more.iter().map(|k| (k.clone(), "x".into())).collect();
+    producer.send(&input, 6, &recs).await?;
+    wait_for("every record committed", Duration::from_secs(90), || {
+        committed(12_000)
+    })
+    .await?;
+
+    let want = baton_tests::count(keys.iter().chain(&more).map(String::as_str));
+    for (k, n) in &want {
+        assert_eq!(count_anywhere(&rest, k).await?, Some(*n), "count of {k}");
+    }
+    for h in hosts {
+        h.stop().await?;
+    }
+    Ok(())
+}

@@ -38,7 +38,10 @@ impl Baton {
         let record = Record {
             key: None,
             value: Some(value),
-            headers: vec![],
+            headers: vec![(
+                crate::control::follow::ORIGIN.to_string(),
+                self.host_id.as_bytes().to_vec(),
+            )],
             timestamp: now_ms(),
         };
         self.transport.append(&self.control_topic, 0, &[record])?;
@@ -56,7 +59,7 @@ pub(crate) fn replay_control(
     transport: &dyn Transport,
     topic: &str,
     stall: Duration,
-) -> anyhow::Result<Catalog> {
+) -> anyhow::Result<(Catalog, u64)> {
     let mut catalog = Catalog::default();
     let end = transport.end_offset(topic, 0)?;
     let mut offset = 0;
@@ -85,7 +88,7 @@ pub(crate) fn replay_control(
             catalog.apply(event);
         }
     }
-    Ok(catalog)
+    Ok((catalog, end))
 }
 
 #[cfg(test)]
@@ -165,7 +168,8 @@ mod tests {
         t.ensure_topic("c", 1, TopicKind::Forever).unwrap();
         let records: Vec<_> = (0..3000).map(module_event).collect();
         Transport::append(&t, "c", 0, &records).unwrap();
-        let catalog = replay_control(&t, "c", Duration::from_millis(300)).unwrap();
+        let (catalog, end) = replay_control(&t, "c", Duration::from_millis(300)).unwrap();
+        assert_eq!(end, 3000);
         assert_eq!(catalog.modules.len(), 3000);
         let t = Stalling { hole: 2000, ..t };
         let e = replay_control(&t, "c", Duration::from_millis(300))

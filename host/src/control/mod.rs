@@ -2,6 +2,8 @@
 //! events in the control log (`<cluster>.control`, by default `baton.control`, one partition,
 //! read from the start on every boot). The log's total order is the source of truth; the in-memory catalog is its replay.
 
+pub mod controller;
+pub(crate) mod follow;
 pub(crate) mod log;
 pub(crate) mod modules;
 pub mod names;
@@ -51,6 +53,26 @@ pub enum ControlEvent {
     PipelineUpdated(PipelineUpdate),
     /// Dead letters of a pipeline are to be processed again.
     DeadLettersReplayed(DeadLetterReplay),
+    /// The controller gave a partition to a host, from an epoch on.
+    Assigned(AssignmentRecord),
+}
+
+/// A partition's owner from an epoch on, as the controller decided it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AssignmentRecord {
+    /// The pipeline.
+    pub pipeline: String,
+    /// The partition's id.
+    pub partition: String,
+    /// Its slots `[start, end)`.
+    pub slots: [u32; 2],
+    /// The host that runs it.
+    pub owner: String,
+    /// Bumped on each change of owner: a host acts only on the newest epoch it has read.
+    pub epoch: u64,
+    /// When (ms since the epoch).
+    pub at: i64,
 }
 
 /// A request to process dead letters again through the pipeline's current version.
@@ -206,6 +228,8 @@ pub struct Catalog {
     pub pipelines: BTreeMap<String, PipelineRecord>,
     /// Pipelines deleted without purge: their state still exists, so their names stay taken.
     pub deleted: BTreeMap<String, PipelineRecord>,
+    /// The newest assignment of every partition of the pipelines, by partition id.
+    pub assignments: BTreeMap<String, AssignmentRecord>,
 }
 
 impl Catalog {
@@ -218,7 +242,17 @@ impl Catalog {
             ControlEvent::Pipeline(p) => {
                 self.pipelines.insert(p.spec.name.clone(), *p);
             }
+            ControlEvent::Assigned(a) => {
+                let newer = self
+                    .assignments
+                    .get(&a.partition)
+                    .is_none_or(|old| a.epoch > old.epoch);
+                if newer && self.pipelines.contains_key(&a.pipeline) {
+                    self.assignments.insert(a.partition.clone(), a);
+                }
+            }
             ControlEvent::PipelineDeleted(d) => {
+                self.assignments.retain(|_, a| a.pipeline != d.pipeline);
                 let record = self
                     .pipelines
                     .remove(&d.pipeline)

@@ -144,6 +144,18 @@ impl Baton {
             self.catalog
                 .lock()
                 .apply(ControlEvent::Pipeline(Box::new(record.clone())));
+            // On Kafka its partitions get owners now, spread over the live hosts (the
+            // controller gives a partition whose owner is gone to another).
+            if self.kafka.is_some() {
+                for a in self.initial_assignments(&record) {
+                    let event = ControlEvent::Assigned(a);
+                    match self.append_control(&event) {
+                        Ok(()) => self.catalog.lock().apply(event),
+                        // The controller assigns what is left unassigned.
+                        Err(e) => tracing::warn!("assigning a new partition: {e}"),
+                    }
+                }
+            }
         }
         // The pipeline exists now; a failure to start is its phase, not the call's.
         self.start_or_record(Arc::new(record.clone()));

@@ -271,7 +271,7 @@ impl Baton {
             on_rollback,
         });
         self.runs.write().insert(spec.name.clone(), run);
-        self.assign(&spec.name, &single_host_assignments(&record))
+        self.assign(&spec.name, &self.local_assignments(&spec.name))
     }
 
     /// Starts and stops this host's partitions of `pipeline` to match `assignments`: one not

@@ -1,0 +1,280 @@
+//! The controller: the host that holds partition 0 of `<cluster>.hosts` gives every partition
+//! of every pipeline an owner among the live hosts, and writes each change as an `assigned`
+//! event, with the partition's epoch bumped, to the control log.
+//!
+//! Its authority comes from a transactional producer, `transactional.id = <cluster>.controller`:
+//! a host that becomes the controller calls `init_transactions`, which fences the producer of
+//! any earlier controller, so two hosts that both believe they are the controller cannot both
+//! write. Assignments are written in a transaction and read `read_committed`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+use crate::app::Baton;
+use crate::control::{AssignmentRecord, ControlEvent, PipelineRecord, now_ms};
+
+/// How often the controller looks at the hosts and the assignments.
+const TICK: Duration = Duration::from_millis(250);
+
+/// The assignments that give every partition of `pipelines` a live owner: a partition keeps an
+/// owner that is alive; one without (new, or its owner gone) goes to the live host with the
+/// fewest partitions (ties by id), at the next epoch. `alive` must not be empty.
+pub fn plan(
+    pipelines: &[PipelineRecord],
+    current: &BTreeMap<String, AssignmentRecord>,
+    alive: &[String],
+) -> Vec<AssignmentRecord> {
+    let mut load: BTreeMap<&str, usize> = alive.iter().map(|h| (h.as_str(), 0)).collect();
+    for a in current.values() {
+        if let Some(n) = load.get_mut(a.owner.as_str()) {
+            *n += 1;
+        }
+    }
+    let mut changes = Vec::new();
+    for p in pipelines {
+        for (i, slots) in p.spec.initial_ranges().into_iter().enumerate() {
+            let id = format!("{}-{i}", p.spec.name);
+            let old = current.get(&id);
+            if old.is_some_and(|a| load.contains_key(a.owner.as_str())) {
+                continue;
+            }
+            let Some((&owner, _)) = load.iter().min_by_key(|(h, n)| (**n, **h)) else {
+                return changes;
+            };
+            *load.get_mut(owner).expect("a live host") += 1;
+            changes.push(AssignmentRecord {
+                pipeline: p.spec.name.clone(),
+                partition: id,
+                slots: [slots.start, slots.end],
+                owner: owner.to_string(),
+                epoch: old.map_or(1, |a| a.epoch + 1),
+                at: now_ms(),
+            });
+        }
+    }
+    changes
+}
+
+impl Baton {
+    /// Runs the controller's loop on a thread of its own until `stop` is set: while this host
+    /// is the controller, it keeps every partition assigned to a live host.
+    pub(crate) fn run_controller(
+        self: &Arc<Self>,
+        stop: Arc<AtomicBool>,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let me = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("baton-controller".into())
+            .spawn(move || {
+                let mut producer: Option<BaseProducer> = None;
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(TICK);
+                    let Some(baton) = me.upgrade() else { return };
+                    let hosts = baton.hosts();
+                    let controller = hosts
+                        .iter()
+                        .any(|h| h.alive && h.controller && h.id == baton.host_id);
+                    if !controller {
+                        producer = None;
+                        continue;
+                    }
+                    let alive: Vec<String> = hosts
+                        .iter()
+                        .filter(|h| h.alive)
+                        .map(|h| h.id.clone())
+                        .collect();
+                    let changes = {
+                        let catalog = baton.catalog.lock();
+                        let pipelines: Vec<PipelineRecord> =
+                            catalog.pipelines.values().cloned().collect();
+                        plan(&pipelines, &catalog.assignments, &alive)
+                    };
+                    if changes.is_empty() {
+                        continue;
+                    }
+                    if producer.is_none() {
+                        match baton.controller_producer() {
+                            Ok(p) => producer = Some(p),
+                            Err(e) => {
+                                tracing::warn!("becoming the controller: {e:#}");
+                                continue;
+                            }
+                        }
+                    }
+                    let p = producer.as_ref().expect("set above");
+                    match baton.write_assignments(p, &changes) {
+                        Ok(()) => {
+                            for c in &changes {
+                                tracing::info!(
+                                    partition = %c.partition, owner = %c.owner, epoch = c.epoch,
+                                    "assigned"
+                                );
+                            }
+                        }
+                        Err(e) => {
+                            // Fenced by a newer controller, or the broker failed: start over.
+                            tracing::warn!("writing assignments: {e:#}");
+                            producer = None;
+                        }
+                    }
+                }
+            })
+    }
+
+    fn controller_producer(&self) -> anyhow::Result<BaseProducer> {
+        let cfg = self
+            .config
+            .kafka
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("no Kafka"))?;
+        let p: BaseProducer = cfg
+            .client_config(&[
+                (
+                    "transactional.id",
+                    &format!("{}.controller", self.config.cluster),
+                ),
+                ("enable.idempotence", "true"),
+                ("acks", "all"),
+                ("linger.ms", "0"),
+            ])
+            .create()?;
+        p.init_transactions(Duration::from_secs(30))?;
+        Ok(p)
+    }
+
+    fn write_assignments(
+        &self,
+        p: &BaseProducer,
+        changes: &[AssignmentRecord],
+    ) -> anyhow::Result<()> {
+        p.begin_transaction()?;
+        for c in changes {
+            let value = serde_json::to_vec(&ControlEvent::Assigned(c.clone()))?;
+            let rec = BaseRecord::<(), [u8]>::to(&self.control_topic)
+                .partition(0)
+                .payload(&value);
+            if let Err((e, _)) = p.send(rec) {
+                let _ = p.abort_transaction(Duration::from_secs(10));
+                return Err(e.into());
+            }
+        }
+        p.commit_transaction(Duration::from_secs(30))?;
+        Ok(())
+    }
+
+    /// This host's assignments of `pipeline`: on the embedded log every partition; on Kafka
+    /// the ones the catalog gives it. A pipeline no assignment names yet (created before
+    /// assignments existed) runs here whole until the controller assigns it.
+    pub(crate) fn local_assignments(
+        &self,
+        pipeline: &str,
+    ) -> Vec<crate::partition::supervisor::Assignment> {
+        let catalog = self.catalog.lock();
+        let Some(record) = catalog.pipelines.get(pipeline) else {
+            return Vec::new();
+        };
+        let all = crate::partition::supervisor::single_host_assignments(record);
+        if self.kafka.is_none() {
+            return all;
+        }
+        let named: Vec<&AssignmentRecord> = catalog
+            .assignments
+            .values()
+            .filter(|a| a.pipeline == pipeline)
+            .collect();
+        if named.is_empty() {
+            return all;
+        }
+        named
+            .into_iter()
+            .filter(|a| a.owner == self.host_id)
+            .map(|a| crate::partition::supervisor::Assignment {
+                id: a.partition.clone(),
+                slots: a.slots[0]..a.slots[1],
+                epoch: a.epoch,
+            })
+            .collect()
+    }
+
+    /// The first assignments of a new pipeline, written by the host that creates it (the
+    /// controller corrects them later if their owners are gone): its partitions spread over the
+    /// live hosts, or all here when none is known yet.
+    pub(crate) fn initial_assignments(&self, record: &PipelineRecord) -> Vec<AssignmentRecord> {
+        let mut alive: Vec<String> = self
+            .hosts()
+            .into_iter()
+            .filter(|h| h.alive)
+            .map(|h| h.id)
+            .collect();
+        if !alive.contains(&self.host_id) {
+            alive.push(self.host_id.clone());
+        }
+        let current = self.catalog.lock().assignments.clone();
+        plan(std::slice::from_ref(record), &current, &alive)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::PipelineSpec;
+
+    fn pipeline(name: &str, partitions: u32) -> PipelineRecord {
+        let spec: PipelineSpec = serde_json::from_value(serde_json::json!({
+            "name": name, "module": "m", "version": "1", "inputs": ["in"],
+            "slots": 8, "partitions": partitions
+        }))
+        .unwrap();
+        PipelineRecord {
+            spec,
+            sha256: String::new(),
+            start_offsets: Default::default(),
+            created_at: 0,
+            prefix: "baton".into(),
+            swaps: Vec::new(),
+            incarnation: None,
+            replays: Default::default(),
+        }
+    }
+
+    #[test]
+    fn partitions_spread_over_live_hosts_and_leave_dead_ones() {
+        let hosts = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let p = [pipeline("p", 4)];
+        let first = plan(&p, &BTreeMap::new(), &hosts(&["a", "b"]));
+        let owners: Vec<(&str, &str, u64)> = first
+            .iter()
+            .map(|a| (a.partition.as_str(), a.owner.as_str(), a.epoch))
+            .collect();
+        assert_eq!(
+            owners,
+            vec![
+                ("p-0", "a", 1),
+                ("p-1", "b", 1),
+                ("p-2", "a", 1),
+                ("p-3", "b", 1)
+            ]
+        );
+        let current: BTreeMap<String, AssignmentRecord> = first
+            .into_iter()
+            .map(|a| (a.partition.clone(), a))
+            .collect();
+        // Nothing changes while the owners live; a new host gets nothing by itself.
+        assert!(plan(&p, &current, &hosts(&["a", "b", "c"])).is_empty());
+        // b is gone: its partitions go to the least loaded live hosts, at the next epoch.
+        let moved = plan(&p, &current, &hosts(&["a", "c"]));
+        let owners: Vec<(&str, &str, u64)> = moved
+            .iter()
+            .map(|a| (a.partition.as_str(), a.owner.as_str(), a.epoch))
+            .collect();
+        assert_eq!(owners, vec![("p-1", "c", 2), ("p-3", "c", 2)]);
+        assert!(
+            plan(&p, &current, &[]).is_empty(),
+            "no live host: nothing to do"
+        );
+    }
+}

@@ -1,0 +1,150 @@
+//! Following the control log: on Kafka every host tails `<cluster>.control` after its replay and
+//! applies what other hosts (and the controller) appended, with the same effects the host that
+//! appended it had: modules load, pipelines start and stop, swaps and settings reach the
+//! partitions, and assignments start and stop partitions here.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::app::Baton;
+use crate::control::{ControlEvent, parse_event};
+use crate::partition::Settings;
+
+/// The header naming the host that appended a control event (it applied it already).
+pub const ORIGIN: &str = "baton.origin";
+
+impl Baton {
+    /// Tails the control log from `from` on a thread of its own until `stop` is set.
+    pub(crate) fn follow_control(
+        self: &Arc<Self>,
+        from: u64,
+        stop: Arc<AtomicBool>,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let me = Arc::downgrade(self);
+        let topic = self.control_topic.clone();
+        std::thread::Builder::new()
+            .name("baton-control".into())
+            .spawn(move || {
+                let mut offset = from;
+                while !stop.load(Ordering::Relaxed) {
+                    let Some(baton) = me.upgrade() else { return };
+                    let records = match baton.transport.read(&topic, 0, offset, 256) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            tracing::warn!("following the control log at {offset}: {e}");
+                            drop(baton);
+                            std::thread::sleep(Duration::from_millis(500));
+                            continue;
+                        }
+                    };
+                    if records.is_empty() {
+                        drop(baton);
+                        std::thread::sleep(Duration::from_millis(50));
+                        continue;
+                    }
+                    for r in records {
+                        offset = r.offset + 1;
+                        let mine = r
+                            .record
+                            .headers
+                            .iter()
+                            .any(|(k, v)| k == ORIGIN && v == baton.host_id.as_bytes());
+                        if mine {
+                            continue;
+                        }
+                        let bytes = r.record.value.unwrap_or_default();
+                        match parse_event(&bytes) {
+                            Ok(e) => baton.apply_followed(e),
+                            Err(e) => tracing::error!(
+                                "control log record {} cannot be read, skipped: {e}",
+                                r.offset
+                            ),
+                        }
+                    }
+                    *baton.control_offset.lock() = offset;
+                }
+            })
+    }
+
+    /// Applies an event another host appended, with its effects here.
+    pub(crate) fn apply_followed(&self, event: ControlEvent) {
+        let _control = self.control.lock();
+        match &event {
+            ControlEvent::Module(m) => {
+                let loaded = self
+                    .module_bytes(&m.sha256)
+                    .and_then(|b| self.runtime.load(&b).map_err(|e| anyhow::anyhow!("{e}")));
+                match loaded {
+                    Ok(module) => {
+                        self.modules.write().insert(m.sha256.clone(), module);
+                    }
+                    Err(e) => tracing::error!(
+                        "module {} {} from the control log cannot be loaded: {e:#}",
+                        m.name,
+                        m.version
+                    ),
+                }
+                self.catalog.lock().apply(event);
+            }
+            ControlEvent::Pipeline(p) => {
+                let record = Arc::new((**p).clone());
+                self.catalog.lock().apply(event);
+                self.start_or_record(record);
+            }
+            ControlEvent::PipelineDeleted(d) => {
+                self.stop_pipeline(&d.pipeline);
+                self.catalog.lock().apply(event);
+            }
+            ControlEvent::Swap(s) => {
+                let module = self.modules.read().get(&s.sha256).cloned();
+                let target = self.targets.read().get(&s.pipeline).cloned();
+                if let (Some(module), Some(target)) = (module, target) {
+                    target.set(s.version.clone(), module);
+                }
+                self.catalog.lock().apply(event);
+            }
+            ControlEvent::PipelineUpdated(u) => {
+                let pipeline = u.pipeline.clone();
+                self.catalog.lock().apply(event);
+                let spec = self
+                    .catalog
+                    .lock()
+                    .pipelines
+                    .get(&pipeline)
+                    .map(|p| p.spec.clone());
+                if let (Some(spec), Some(target)) =
+                    (spec, self.targets.read().get(&pipeline).cloned())
+                {
+                    target.set_settings(Settings::of(&spec));
+                }
+            }
+            ControlEvent::DeadLettersReplayed(r) => {
+                if let Some(plan) = self.replay_plans.read().get(&r.pipeline) {
+                    for range in &r.ranges {
+                        plan.add(range.slot, range.from, range.to);
+                    }
+                }
+                self.catalog.lock().apply(event);
+            }
+            ControlEvent::ModuleDeleted(_) => self.catalog.lock().apply(event),
+            ControlEvent::Assigned(a) => {
+                let pipeline = a.pipeline.clone();
+                self.catalog.lock().apply(event);
+                self.follow_assignments(&pipeline);
+            }
+        }
+    }
+
+    /// Starts and stops this host's partitions of `pipeline` to match the catalog's
+    /// assignments.
+    pub(crate) fn follow_assignments(&self, pipeline: &str) {
+        if !self.runs.read().contains_key(pipeline) {
+            return;
+        }
+        let mine = self.local_assignments(pipeline);
+        if let Err(e) = self.assign(pipeline, &mine) {
+            tracing::error!(pipeline, "following its assignments: {e:#}");
+        }
+    }
+}
