@@ -157,7 +157,11 @@ impl Baton {
             replay_control(transport.as_ref(), &control_topic, CONTROL_REPLAY_STALL)?;
         let baton = Arc::new_cyclic(|me| Baton {
             me: me.clone(),
-            resolver: Box::new(LocalResolver),
+            resolver: if kafka.is_some() {
+                Box::new(crate::query::ClusterResolver { me: me.clone() })
+            } else {
+                Box::new(LocalResolver)
+            },
             runs: RwLock::new(BTreeMap::new()),
             targets: RwLock::new(BTreeMap::new()),
             replay_plans: RwLock::new(BTreeMap::new()),
@@ -306,6 +310,7 @@ impl Baton {
                     s.guest_us += h.status.time.process_us.load(Ordering::Relaxed);
                     s.partitions += 1;
                 }
+                s.detail = b.local_partitions();
             }
             s
         });

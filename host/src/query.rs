@@ -41,6 +41,39 @@ impl OwnerResolver for LocalResolver {
     }
 }
 
+/// The resolver of a cluster on Kafka: a slot's owner is the host its partition is assigned
+/// to, reached at the address it reports.
+pub struct ClusterResolver {
+    pub(crate) me: std::sync::Weak<Baton>,
+}
+
+impl OwnerResolver for ClusterResolver {
+    fn owner(&self, pipeline: &str, slot: u32) -> Owner {
+        let Some(b) = self.me.upgrade() else {
+            return Owner::Local;
+        };
+        let owner = b
+            .catalog
+            .lock()
+            .assignments
+            .values()
+            .find(|a| a.pipeline == pipeline && a.slots[0] <= slot && slot < a.slots[1])
+            .map(|a| a.owner.clone());
+        match owner {
+            Some(host) if host != b.host_id => {
+                let url = b
+                    .hosts()
+                    .into_iter()
+                    .find(|h| h.id == host)
+                    .map(|h| h.address)
+                    .unwrap_or_default();
+                Owner::Remote { host, url }
+            }
+            _ => Owner::Local,
+        }
+    }
+}
+
 impl Baton {
     /// Looks up `key` in `store` of `pipeline`: `Ok(None)` when the key is missing. Without
     /// `slot`, the slots the pipeline's partitioner allows are read (with `any`, the murmur2
@@ -69,11 +102,21 @@ impl Baton {
         };
         let mut found: Option<Lookup> = None;
         for slot in slots {
-            let handle = self.local_owner(pipeline, slot)?;
-            let Some(value) = handle.db.get(store_id, &slot_key(slot, key))? else {
-                continue;
+            let entry = match self.resolver.owner(pipeline, slot) {
+                Owner::Remote { host, url } => {
+                    match remote_lookup(&host, &url, pipeline, store, key, slot)? {
+                        Some(entry) => entry,
+                        None => continue,
+                    }
+                }
+                Owner::Local => {
+                    let handle = self.local_owner(pipeline, slot)?;
+                    let Some(value) = handle.db.get(store_id, &slot_key(slot, key))? else {
+                        continue;
+                    };
+                    self.entry(&handle, slot, key, value)
+                }
             };
-            let entry = self.entry(&handle, slot, key, value);
             let m = LookupMatch {
                 slot,
                 partition: entry.partition.clone(),
@@ -218,4 +261,70 @@ fn store_id(record: &PipelineRecord, store: &str) -> Result<usize> {
                 record.spec.stores.join(", ")
             ))
         })
+}
+
+/// How long a host waits for another to answer a lookup.
+const REMOTE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Asks `host`, the owner of `slot`, for `key` in that slot: `None` when it does not hold the
+/// key; 503 naming the host when it cannot answer.
+fn remote_lookup(
+    host: &str,
+    url: &str,
+    pipeline: &str,
+    store: &str,
+    key: &[u8],
+    slot: u32,
+) -> Result<Option<Lookup>> {
+    let unavailable = |why: String| {
+        Error::Unavailable(format!(
+            "host {host} ({url}) owns slot {slot} of `{pipeline}` and did not answer: {why}"
+        ))
+    };
+    let key = std::str::from_utf8(key)
+        .map_err(|_| Error::BadRequest("a key asked of another host must be UTF-8".into()))?;
+    let mut u = reqwest::Url::parse(url).map_err(|e| unavailable(format!("bad address: {e}")))?;
+    u.path_segments_mut()
+        .map_err(|_| unavailable("bad address".into()))?
+        .extend([
+            "api",
+            "v1",
+            "pipelines",
+            pipeline,
+            "stores",
+            store,
+            "keys",
+            key,
+        ]);
+    u.query_pairs_mut().append_pair("slot", &slot.to_string());
+    let fetch = async move {
+        let r = reqwest::Client::new()
+            .get(u)
+            .timeout(REMOTE_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        match r.status().as_u16() {
+            404 => Ok(None),
+            200 => r
+                .json::<Lookup>()
+                .await
+                .map(Some)
+                .map_err(|e| e.to_string()),
+            s => Err(format!("{s} {}", r.text().await.unwrap_or_default())),
+        }
+    };
+    let answer = match tokio::runtime::Handle::try_current() {
+        Ok(h) => tokio::task::block_in_place(|| h.block_on(fetch)),
+        Err(_) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| unavailable(e.to_string()))?
+            .block_on(fetch),
+    };
+    let mut entry = answer.map_err(unavailable)?;
+    if let Some(e) = &mut entry {
+        e.matches.clear();
+    }
+    Ok(entry)
 }

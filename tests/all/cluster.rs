@@ -184,31 +184,68 @@ async fn on_the_embedded_log_a_host_is_its_own_cluster() -> anyhow::Result<()> {
     again.stop().await
 }
 
-/// Partitions of pipeline `p` running on one host, by id.
-async fn running(api: &baton_tests::Api, p: &str) -> anyhow::Result<Vec<String>> {
+/// Partitions of pipeline `p` running on host `id`, by id, as `api` shows them.
+async fn running(api: &baton_tests::Api, p: &str, id: &str) -> anyhow::Result<Vec<String>> {
     Ok(api
         .partitions()
         .await?
         .into_iter()
-        .filter(|x| x["pipeline"] == p && x["state"] == "running")
+        .filter(|x| x["pipeline"] == p && x["state"] == "running" && x["owner"] == id)
         .map(|x| x["id"].as_str().unwrap_or_default().to_string())
         .collect())
 }
 
-/// The count of `key` (in its murmur2 slot of 6), asked of every host until its owner answers.
-async fn count_anywhere(apis: &[baton_tests::Api], key: &str) -> anyhow::Result<Option<i64>> {
-    let slot = baton::partitioner::partition_for_key(key.as_bytes(), 6);
-    for api in apis {
-        let r = api
-            .get(&format!(
-                "/api/v1/pipelines/wc/stores/counts/keys/{key}?slot={slot}"
-            ))
-            .await?;
-        if r.status == 200 {
-            return Ok(r.body["value_i64"].as_i64());
-        }
+/// The count of `key`, asked of one host: it reads the slots it owns and asks the owners of
+/// the others.
+async fn count_at(api: &baton_tests::Api, key: &str) -> anyhow::Result<Option<i64>> {
+    let r = api
+        .get(&format!("/api/v1/pipelines/wc/stores/counts/keys/{key}"))
+        .await?;
+    match r.status {
+        404 => Ok(None),
+        200 => Ok(r.body["value_i64"].as_i64()),
+        s => anyhow::bail!("lookup of {key}: {s} {}", r.body),
     }
-    Ok(None)
+}
+
+/// (id, owner, epoch) of every partition, as one host shows the partition table.
+async fn table(api: &baton_tests::Api) -> anyhow::Result<Vec<(String, String, u64)>> {
+    Ok(api
+        .partitions()
+        .await?
+        .iter()
+        .map(|p| {
+            (
+                p["id"].as_str().unwrap_or_default().to_string(),
+                p["owner"].as_str().unwrap_or_default().to_string(),
+                p["epoch"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect())
+}
+
+/// Waits until every host shows the same partition table, with every partition running on
+/// its owner; returns it.
+async fn same_table(
+    apis: &[baton_tests::Api],
+    timeout: Duration,
+) -> anyhow::Result<Vec<(String, String, u64)>> {
+    wait_for(
+        "every host to show the same partition table",
+        timeout,
+        || async {
+            let first = table(&apis[0]).await?;
+            for api in apis {
+                if table(api).await? != first {
+                    return Ok(None);
+                }
+            }
+            let states: Vec<Value> = apis[0].partitions().await?;
+            let all_running = states.iter().all(|p| p["state"] == "running");
+            Ok((all_running && !first.is_empty()).then_some(first))
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -217,9 +254,10 @@ async fn partitions_spread_over_hosts_and_fail_over_with_exact_counts() -> anyho
     let dirs: Vec<_> = (0..3)
         .map(|_| tempfile::tempdir())
         .collect::<Result<_, _>>()?;
-    let cluster = cluster_name(dirs[0].path());
+    // a and b in this process; c a `baton` process, whose cluster is named by its data dir.
+    let cluster = cluster_name(dirs[2].path());
     let mut hosts = Vec::new();
-    for (i, id) in ["a", "b", "c"].iter().enumerate() {
+    for (i, id) in ["a", "b"].iter().enumerate() {
         let cluster = cluster.clone();
         hosts.push(
             InProcess::start_configured(dirs[i].path(), Some(&kafka_bootstrap()), move |c| {
@@ -230,7 +268,23 @@ async fn partitions_spread_over_hosts_and_fail_over_with_exact_counts() -> anyho
             .await?,
         );
     }
-    let apis: Vec<baton_tests::Api> = hosts.iter().map(|h| h.api.clone()).collect();
+    let child = ChildHost::start(
+        dirs[2].path(),
+        &[
+            "--kafka",
+            &kafka_bootstrap(),
+            "--host-id",
+            "c",
+            "--session-timeout",
+            "6s",
+        ],
+    )
+    .await?;
+    let apis: Vec<baton_tests::Api> = hosts
+        .iter()
+        .map(|h| h.api.clone())
+        .chain([child.api.clone()])
+        .collect();
     let everyone: BTreeMap<&str, String> = ["a", "b", "c"]
         .iter()
         .zip(&apis)
@@ -255,8 +309,8 @@ async fn partitions_spread_over_hosts_and_fail_over_with_exact_counts() -> anyho
         Duration::from_secs(60),
         || async {
             let mut all = Vec::new();
-            for api in &apis {
-                let mine = running(api, "wc").await?;
+            for (api, id) in apis.iter().zip(["a", "b", "c"]) {
+                let mine = running(api, "wc", id).await?;
                 if mine.len() != 1 {
                     return Ok(None);
                 }
@@ -271,11 +325,20 @@ async fn partitions_spread_over_hosts_and_fail_over_with_exact_counts() -> anyho
         let r = api.get("/api/v1/pipelines/wc").await?;
         assert_eq!(r.status, 200, "every host knows the pipeline: {r:?}");
     }
+    let shown = same_table(&apis, Duration::from_secs(30)).await?;
+    let mut owners: Vec<&str> = shown.iter().map(|(_, o, _)| o.as_str()).collect();
+    owners.sort();
+    assert_eq!(owners, ["a", "b", "c"], "one partition per host: {shown:?}");
+    assert!(shown.iter().all(|(_, _, e)| *e == 1), "{shown:?}");
+    let owned_by = |shown: &[(String, String, u64)], host: &str| -> Vec<String> {
+        shown
+            .iter()
+            .filter(|(_, o, _)| o == host)
+            .map(|(id, _, _)| id.clone())
+            .collect()
+    };
 
     let producer = baton_tests::TestProducer::new()?;
-    let keys = baton_tests::words(6_000, 200, 21);
-    let recs: Vec<(String, String)> = keys.iter().map(|k| (k.clone(), "x".into())).collect();
-    producer.send(&input, 6, &recs).await?;
     let group = format!("{cluster}.wc");
     let committed = |n: u64| {
         let (input, group) = (input.clone(), group.clone());
@@ -284,6 +347,15 @@ async fn partitions_spread_over_hosts_and_fail_over_with_exact_counts() -> anyho
             Ok((done >= n).then_some(()))
         }
     };
+    let mut sent = Vec::new();
+    let send = |keys: &[String]| {
+        let recs: Vec<(String, String)> = keys.iter().map(|k| (k.clone(), "x".into())).collect();
+        let (producer, input) = (&producer, input.clone());
+        async move { producer.send(&input, 6, &recs).await }
+    };
+    let keys = baton_tests::words(6_000, 200, 21);
+    send(&keys).await?;
+    sent.extend(keys);
     wait_for(
         "the first records committed",
         Duration::from_secs(60),
@@ -291,34 +363,63 @@ async fn partitions_spread_over_hosts_and_fail_over_with_exact_counts() -> anyho
     )
     .await?;
 
-    // b leaves: its partition goes to a or c, restored from its changelog, and goes on.
-    let b = hosts.remove(1);
-    let b_had = running(&b.api, "wc").await?;
-    b.stop().await?;
-    let rest: Vec<baton_tests::Api> = hosts.iter().map(|h| h.api.clone()).collect();
+    // kill -9 of c, records still coming: once its session times out, its partition runs on a
+    // or b (restored from its changelog, the dead owner's open transaction fenced), epoch 2.
+    let c_had = owned_by(&shown, "c");
+    child.kill9()?;
+    let keys = baton_tests::words(6_000, 200, 22);
+    send(&keys).await?;
+    sent.extend(keys);
+    let rest = apis[..2].to_vec();
+    let shown = wait_for("c's partition to move", Duration::from_secs(60), || async {
+        let t = same_table(&rest, Duration::from_secs(30)).await?;
+        Ok(c_had
+            .iter()
+            .all(|id| t.iter().any(|(i, o, e)| i == id && o != "c" && *e == 2))
+            .then_some(t))
+    })
+    .await?;
     wait_for(
-        "b's partition to run elsewhere",
-        Duration::from_secs(60),
-        || async {
-            let mut all = Vec::new();
-            for api in &rest {
-                all.extend(running(api, "wc").await?);
-            }
-            Ok(b_had.iter().all(|p| all.contains(p)).then_some(()))
-        },
+        "records after the kill committed",
+        Duration::from_secs(90),
+        || committed(12_000),
     )
     .await?;
-    let more = baton_tests::words(6_000, 200, 22);
-    let recs: Vec<(String, String)> = more.iter().map(|k| (k.clone(), "x".into())).collect();
-    producer.send(&input, 6, &recs).await?;
+    // b answers every key: from the slots it owns, and by asking a for the others.
+    let so_far = baton_tests::count(sent.iter().map(String::as_str));
+    for (k, n) in &so_far {
+        assert_eq!(count_at(&apis[1], k).await?, Some(*n), "count of {k} at b");
+    }
+
+    // b stops cleanly: its partition moves too, at the next epoch.
+    let b_had = owned_by(&shown, "b");
+    let b = hosts.remove(1);
+    b.stop().await?;
+    let keys = baton_tests::words(6_000, 200, 23);
+    send(&keys).await?;
+    sent.extend(keys);
+    let a = [apis[0].clone()];
+    let shown = wait_for("every partition on a", Duration::from_secs(60), || async {
+        let t = same_table(&a, Duration::from_secs(30)).await?;
+        Ok(t.iter().all(|(_, o, _)| o == "a").then_some(t))
+    })
+    .await?;
+    for (id, _, epoch) in &shown {
+        if c_had.contains(id) || b_had.contains(id) {
+            assert!(*epoch >= 2, "{id} moved: {shown:?}");
+        } else {
+            assert_eq!(*epoch, 1, "{id} stayed: {shown:?}");
+        }
+    }
     wait_for("every record committed", Duration::from_secs(90), || {
-        committed(12_000)
+        committed(18_000)
     })
     .await?;
 
-    let want = baton_tests::count(keys.iter().chain(&more).map(String::as_str));
+    // Every count is exact across a kill -9 and a clean stop.
+    let want = baton_tests::count(sent.iter().map(String::as_str));
     for (k, n) in &want {
-        assert_eq!(count_anywhere(&rest, k).await?, Some(*n), "count of {k}");
+        assert_eq!(count_at(&a[0], k).await?, Some(*n), "count of {k}");
     }
     for h in hosts {
         h.stop().await?;

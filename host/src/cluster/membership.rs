@@ -13,7 +13,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::{HostInfo, LoadMeter, LoadReport, Membership, Sampler};
+use super::{HostInfo, HostLoad, LoadMeter, LoadReport, Membership, Sampler};
 use crate::transport::kafka::{KafkaConfig, KafkaTransport};
 use crate::transport::{TopicKind, Transport};
 
@@ -44,20 +44,17 @@ impl Alone {
 impl Membership for Alone {
     fn hosts(&self) -> Vec<HostInfo> {
         let sample = (self.sampler)();
-        let (records_per_s, guest_cpu_s_per_s) = self.meter.rates(sample);
+        let (records_per_s, guest_cpu_s_per_s) = self.meter.rates(&sample);
         let at = now_ms();
-        let address = self.address.read().clone();
         vec![HostInfo {
             id: self.id.clone(),
-            address: address.clone(),
+            address: self.address.read().clone(),
             alive: true,
             controller: true,
-            load: Some(LoadReport {
-                address,
+            load: Some(HostLoad {
                 records_per_s,
                 guest_cpu_s_per_s,
                 partitions: sample.partitions,
-                at,
             }),
             last_heartbeat_ms: Some(at),
         }]
@@ -174,10 +171,19 @@ impl Membership for KafkaMembership {
                     address: report.map(|r| r.address.clone()).unwrap_or_default(),
                     alive: seen.members.contains_key(id),
                     controller: seen.members.get(id).copied().unwrap_or(false),
-                    load: report.cloned(),
+                    load: report.map(HostLoad::from),
                     last_heartbeat_ms: report.map(|r| r.at),
                 }
             })
+            .collect()
+    }
+
+    fn reported(&self) -> BTreeMap<String, Vec<crate::http::model::PartitionInfo>> {
+        self.seen
+            .lock()
+            .reports
+            .iter()
+            .map(|(id, r)| (id.clone(), r.detail.clone()))
             .collect()
     }
 
@@ -253,13 +259,14 @@ impl Member {
 
     fn report(&mut self) {
         let sample = (self.sampler)();
-        let (records_per_s, guest_cpu_s_per_s) = self.meter.rates(sample);
+        let (records_per_s, guest_cpu_s_per_s) = self.meter.rates(&sample);
         let report = LoadReport {
             address: self.address.read().clone(),
             records_per_s,
             guest_cpu_s_per_s,
             partitions: sample.partitions,
             at: now_ms(),
+            detail: sample.detail,
         };
         let Ok(value) = serde_json::to_vec(&report) else {
             return;

@@ -9,7 +9,7 @@
 
 pub mod membership;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 pub use membership::{Alone, KafkaMembership};
 
 /// What a host says of itself in `<cluster>.load`, once a second.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LoadReport {
     /// The base URL of its API.
     pub address: String,
@@ -30,6 +30,31 @@ pub struct LoadReport {
     pub partitions: u32,
     /// When it was sent (ms since the Unix epoch): the host's last heartbeat.
     pub at: i64,
+    /// Its partitions as the partition table shows them, so that every host shows every
+    /// partition.
+    #[serde(default)]
+    pub detail: Vec<crate::http::model::PartitionInfo>,
+}
+
+/// A host's load, as `GET /api/v1/hosts` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct HostLoad {
+    /// Records processed per second, over the last few seconds.
+    pub records_per_s: f64,
+    /// Seconds spent in guest calls per second, over the last few seconds.
+    pub guest_cpu_s_per_s: f64,
+    /// Partitions it runs.
+    pub partitions: u32,
+}
+
+impl From<&LoadReport> for HostLoad {
+    fn from(r: &LoadReport) -> Self {
+        HostLoad {
+            records_per_s: r.records_per_s,
+            guest_cpu_s_per_s: r.guest_cpu_s_per_s,
+            partitions: r.partitions,
+        }
+    }
 }
 
 /// A host as `GET /api/v1/hosts` shows it.
@@ -44,7 +69,7 @@ pub struct HostInfo {
     /// The cluster's controller.
     pub controller: bool,
     /// Its last load report.
-    pub load: Option<LoadReport>,
+    pub load: Option<HostLoad>,
     /// When its last load report was sent (ms since the Unix epoch).
     pub last_heartbeat_ms: Option<i64>,
 }
@@ -55,10 +80,14 @@ pub trait Membership: Send + Sync {
     fn hosts(&self) -> Vec<HostInfo>;
     /// Stops taking part (leaves the group at once rather than by timing out).
     fn leave(&self);
+    /// The partitions each other host reported last, by host id.
+    fn reported(&self) -> BTreeMap<String, Vec<crate::http::model::PartitionInfo>> {
+        BTreeMap::new()
+    }
 }
 
 /// One sample of what a host did so far.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct LoadSample {
     /// Records processed since the host started.
     pub records: u64,
@@ -66,6 +95,8 @@ pub struct LoadSample {
     pub guest_us: u64,
     /// Partitions running now.
     pub partitions: u32,
+    /// Their rows of the partition table.
+    pub detail: Vec<crate::http::model::PartitionInfo>,
 }
 
 /// Where load samples come from (the host's partitions).
@@ -79,7 +110,7 @@ pub struct LoadMeter {
 
 impl LoadMeter {
     /// Takes `now`'s sample and returns the rates since the oldest kept (up to 5 s back).
-    pub fn rates(&self, sample: LoadSample) -> (f64, f64) {
+    pub fn rates(&self, sample: &LoadSample) -> (f64, f64) {
         let now = Instant::now();
         let mut s = self.samples.lock();
         while s.len() > 1
@@ -98,7 +129,7 @@ impl LoadMeter {
             }
             _ => (0.0, 0.0),
         };
-        s.push_back((now, sample));
+        s.push_back((now, sample.clone()));
         rates
     }
 }

@@ -9,7 +9,7 @@ use crate::partition::{LoopTimeMs, ReplayProgress, RestoreProgress, SlotProgress
 use crate::runtime::host::WasiGrants;
 
 /// A partition as `GET /api/v1/partitions` shows it.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct PartitionInfo {
     /// Partition id.
     pub id: String,
@@ -48,7 +48,7 @@ pub struct PartitionInfo {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_swap: Option<SwapReport>,
     /// Replays of dead letters in progress, per slot.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replay: Vec<ReplayProgress>,
 }
 
@@ -147,7 +147,7 @@ pub struct ScanPage {
 }
 
 /// The answer to a state lookup.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct Lookup {
     /// The key asked for.
     pub key: String,
@@ -173,7 +173,7 @@ pub struct Lookup {
 }
 
 /// One slot holding a looked-up key.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct LookupMatch {
     /// The slot.
     pub slot: u32,
@@ -213,7 +213,9 @@ pub struct Produced {
 }
 
 /// What a partition is doing, as `GET /api/v1/partitions` shows it.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Serialize, serde::Deserialize, PartialEq, Eq, schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum PartitionState {
     /// Opening state and instantiating.

@@ -35,7 +35,7 @@ pub struct Batch {
 }
 
 /// Progress of a restore, shown by `GET /api/v1/partitions`.
-#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct RestoreProgress {
     /// Changelog records applied.
     pub done: u64,

@@ -70,7 +70,7 @@ impl ReplayPlan {
 }
 
 /// How far the replay of one slot's dead letters is.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq, schemars::JsonSchema)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct ReplayProgress {
     /// The slot (and partition of the dead-letter topic).
     pub slot: u32,
@@ -150,7 +150,7 @@ pub enum Phase {
 }
 
 /// Progress of one input slot.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq, schemars::JsonSchema)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct SlotProgress {
     /// Input topic.
     pub topic: String,
@@ -208,7 +208,7 @@ pub struct LoopTime {
 }
 
 /// [`LoopTime`] as the partition table shows it, in milliseconds.
-#[derive(Debug, Clone, Copy, Serialize, Default, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize, Default, schemars::JsonSchema)]
 pub struct LoopTimeMs {
     /// Waiting for and reading input.
     pub fetch: u64,

@@ -414,8 +414,63 @@ impl Baton {
         self.partitions.read().values().cloned().collect()
     }
 
-    /// The partition table.
+    /// The partition table: on Kafka every partition of the cluster, each as its owner last
+    /// reported it (this host's own live), at the epoch of its newest assignment.
     pub fn partitions(&self) -> Vec<PartitionInfo> {
+        let local = self.local_partitions();
+        if self.kafka.is_none() {
+            return local;
+        }
+        let assignments = self.catalog.lock().assignments.clone();
+        let reported = self
+            .membership
+            .get()
+            .map(|m| m.reported())
+            .unwrap_or_default();
+        let mut table: std::collections::BTreeMap<String, PartitionInfo> = local
+            .into_iter()
+            .filter(|p| {
+                assignments
+                    .get(&p.id)
+                    .is_none_or(|a| a.owner == self.host_id)
+            })
+            .map(|p| (p.id.clone(), p))
+            .collect();
+        for a in assignments.values() {
+            if a.owner == self.host_id && table.contains_key(&a.partition) {
+                continue;
+            }
+            let seen = reported
+                .get(&a.owner)
+                .and_then(|ps| ps.iter().find(|p| p.id == a.partition))
+                .filter(|p| p.epoch >= a.epoch)
+                .cloned();
+            let row = seen.unwrap_or_else(|| PartitionInfo {
+                id: a.partition.clone(),
+                pipeline: a.pipeline.clone(),
+                slots: a.slots,
+                owner: a.owner.clone(),
+                epoch: a.epoch,
+                state: PartitionState::Starting,
+                restore: None,
+                error: None,
+                offsets: Vec::new(),
+                lag: 0,
+                records: 0,
+                dead_letters: 0,
+                last_error: None,
+                time_ms: Default::default(),
+                version: String::new(),
+                last_swap: None,
+                replay: Vec::new(),
+            });
+            table.insert(a.partition.clone(), row);
+        }
+        table.into_values().collect()
+    }
+
+    /// The partitions running on this host.
+    pub fn local_partitions(&self) -> Vec<PartitionInfo> {
         self.partitions
             .read()
             .values()

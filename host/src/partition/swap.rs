@@ -142,7 +142,7 @@ impl ModuleTarget {
 }
 
 /// What a partition did with a generation.
-#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct SwapReport {
     /// The generation.
     pub generation: u64,
@@ -166,7 +166,9 @@ fn is_zero(n: &u64) -> bool {
 }
 
 /// How a swap ended on a partition.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Serialize, serde::Deserialize, PartialEq, Eq, schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum SwapOutcome {
     /// Running the new version.
