@@ -22,6 +22,7 @@ pub mod partitioner;
 pub mod query;
 pub mod record;
 pub mod runtime;
+pub mod scaffold;
 pub mod state;
 pub mod transport;
 

@@ -42,6 +42,25 @@ enum Command {
     /// record), then the final state, as JSON lines; exits non-zero when the state differs
     /// from --expect.
     TestPlugin(TestPluginArgs),
+    /// Creates a processor's project: source, build setup, a sample input with the state it
+    /// must leave, and a test script.
+    New {
+        /// The language: rust (js, python, c and go are planned).
+        #[arg(long, default_value = "rust")]
+        lang: String,
+        /// The Rust SDK to depend on [default: the guest-sdk this baton was built from].
+        #[arg(long)]
+        sdk: Option<PathBuf>,
+        /// The new directory; its name is the processor's.
+        name: PathBuf,
+    },
+    /// Builds the processor in DIR (default: here) and prints its component's path, size and
+    /// contract version, tab-separated.
+    Build {
+        /// The project.
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+    },
     /// Client commands: calls to a host's HTTP API.
     #[command(flatten)]
     Client(cli::Call),
@@ -134,6 +153,31 @@ fn main() -> anyhow::Result<()> {
         // `--token` (or BATON_TOKEN) is what the host requires of mutating calls.
         Command::Run(args) => return run(*args, cli.conn.token),
         Command::TestPlugin(args) => return test_plugin(args),
+        Command::New { lang, sdk, name } => {
+            let sdk = sdk.unwrap_or_else(baton::scaffold::default_sdk);
+            let files =
+                baton::scaffold::new_project(&lang, &name, &sdk).map_err(anyhow::Error::msg)?;
+            for f in files {
+                println!("{}", f.display());
+            }
+            return Ok(());
+        }
+        Command::Build { dir } => {
+            let wasm = baton::scaffold::build(&dir).map_err(anyhow::Error::msg)?;
+            let bytes = std::fs::read(&wasm)?;
+            let tmp = tempfile::tempdir()?;
+            let runtime = baton::runtime::Runtime::new(tmp.path().to_path_buf())?;
+            let module = runtime
+                .load(&bytes)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", wasm.display()))?;
+            println!(
+                "{}\t{} bytes\t{}",
+                wasm.display(),
+                bytes.len(),
+                module.wit()
+            );
+            return Ok(());
+        }
         Command::Client(call) => call,
     };
     cli::run(cli.conn, call)

@@ -16,6 +16,7 @@ mod limits;
 mod memory;
 mod openapi;
 mod restart;
+mod scaffold;
 mod supervisor;
 mod swap;
 mod test_plugin;
