@@ -426,3 +426,164 @@ async fn partitions_spread_over_hosts_and_fail_over_with_exact_counts() -> anyho
     }
     Ok(())
 }
+
+/// Checks that no partition shows two owners at one epoch across `views`, and returns the
+/// (id, epoch) → owner seen, merged into `seen` (which must agree too).
+fn one_owner_per_epoch(
+    seen: &mut BTreeMap<(String, u64), String>,
+    views: &[Vec<(String, String, u64)>],
+) {
+    for view in views {
+        for (id, owner, epoch) in view {
+            let before = seen
+                .entry((id.clone(), *epoch))
+                .or_insert_with(|| owner.clone());
+            assert_eq!(before, owner, "{id} at epoch {epoch} has two owners");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_owner_is_fenced_and_rejoins_without_a_fencing_loop() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dirs: Vec<_> = (0..2)
+        .map(|_| tempfile::tempdir())
+        .collect::<Result<_, _>>()?;
+    let cluster = cluster_name(dirs[1].path());
+    let a = {
+        let cluster = cluster.clone();
+        InProcess::start_configured(dirs[0].path(), Some(&kafka_bootstrap()), move |c| {
+            c.cluster = cluster;
+            c.host_id = Some("a".into());
+            c.session_timeout = Duration::from_secs(6);
+        })
+        .await?
+    };
+    let c = ChildHost::start(
+        dirs[1].path(),
+        &[
+            "--kafka",
+            &kafka_bootstrap(),
+            "--host-id",
+            "c",
+            "--session-timeout",
+            "6s",
+        ],
+    )
+    .await?;
+    let both = [a.api.clone(), c.api.clone()];
+    let everyone: BTreeMap<&str, String> = [
+        ("a", a.api.base().to_string()),
+        ("c", c.api.base().to_string()),
+    ]
+    .into_iter()
+    .collect();
+    agreed(
+        &both.iter().collect::<Vec<_>>(),
+        &everyone,
+        Duration::from_secs(60),
+    )
+    .await?;
+    let input = baton_tests::unique("zombie-in");
+    a.api.upload_plugin("word-count", "word-count", "1").await?;
+    a.api
+        .create_pipeline(serde_json::json!({
+            "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
+            "stores": ["counts"], "slots": 4, "partitions": 2
+        }))
+        .await?;
+    let shown = same_table(&both, Duration::from_secs(60)).await?;
+    let seen = std::sync::Mutex::new(BTreeMap::new());
+    one_owner_per_epoch(&mut seen.lock().unwrap(), std::slice::from_ref(&shown));
+    let c_had: Vec<String> = shown
+        .iter()
+        .filter(|(_, o, _)| o == "c")
+        .map(|(id, _, _)| id.clone())
+        .collect();
+    assert_eq!(c_had.len(), 1, "{shown:?}");
+
+    let producer = baton_tests::TestProducer::new()?;
+    let group = format!("{cluster}.wc");
+    let committed = |n: u64| {
+        let (input, group) = (input.clone(), group.clone());
+        async move {
+            let done: u64 = baton_tests::group_offsets(&group, &input, 4)?.iter().sum();
+            Ok((done >= n).then_some(()))
+        }
+    };
+    let mut sent = Vec::new();
+    for (round, seed) in [31u64, 32, 33].into_iter().enumerate() {
+        let keys = baton_tests::words(4_000, 150, seed);
+        let recs: Vec<(String, String)> = keys.iter().map(|k| (k.clone(), "x".into())).collect();
+        producer.send(&input, 4, &recs).await?;
+        sent.extend(keys);
+        match round {
+            0 => {
+                wait_for(
+                    "the first records committed",
+                    Duration::from_secs(60),
+                    || committed(4_000),
+                )
+                .await?;
+                // c freezes with its partition's transaction possibly open: once its session
+                // times out, a takes the partition at epoch 2 and fences c's producer.
+                let pid = c.pid().to_string();
+                std::process::Command::new("kill")
+                    .args(["-STOP", &pid])
+                    .status()?;
+                let moved = wait_for("c's partition on a", Duration::from_secs(60), || async {
+                    let t = table(&a.api).await?;
+                    Ok(c_had
+                        .iter()
+                        .all(|id| t.iter().any(|(i, o, e)| i == id && o == "a" && *e == 2))
+                        .then_some(t))
+                })
+                .await?;
+                one_owner_per_epoch(&mut seen.lock().unwrap(), &[moved]);
+            }
+            1 => {
+                wait_for("records while c is frozen", Duration::from_secs(60), || {
+                    committed(8_000)
+                })
+                .await?;
+                // c wakes up: it learns it lost the partition and follows, without fencing a.
+                let pid = c.pid().to_string();
+                std::process::Command::new("kill")
+                    .args(["-CONT", &pid])
+                    .status()?;
+                wait_for(
+                    "c back, running nothing, agreeing",
+                    Duration::from_secs(60),
+                    || async {
+                        let (ta, tc) = (table(&a.api).await?, table(&c.api).await?);
+                        one_owner_per_epoch(&mut seen.lock().unwrap(), &[ta.clone(), tc.clone()]);
+                        let idle = running(&c.api, "wc", "c").await?.is_empty();
+                        let hosts = view(&a.api).await?;
+                        let c_alive = hosts.get("c").is_some_and(|v| v.1);
+                        Ok((idle && c_alive && ta == tc).then_some(()))
+                    },
+                )
+                .await?;
+            }
+            _ => {}
+        }
+    }
+    wait_for("every record committed", Duration::from_secs(90), || {
+        committed(12_000)
+    })
+    .await?;
+    // No fencing loop: a's partitions kept running at their epochs all along.
+    let t = table(&a.api).await?;
+    one_owner_per_epoch(&mut seen.lock().unwrap(), std::slice::from_ref(&t));
+    assert!(t.iter().all(|(_, o, _)| o == "a"), "{t:?}");
+    let want = baton_tests::count(sent.iter().map(String::as_str));
+    for (k, n) in &want {
+        assert_eq!(
+            count_at(&c.api, k).await?,
+            Some(*n),
+            "count of {k}, asked of c"
+        );
+    }
+    a.stop().await?;
+    Ok(())
+}

@@ -443,7 +443,26 @@ async fn exactly_once_survives_three_kill_9_and_the_loss_of_the_data_dir() -> an
     let bootstrap = kafka_bootstrap();
     let host = ChildHost::start(dir.path(), &kill_flags(&bootstrap)).await?;
     wait_both(&host.api, &flow, sent.len() as u64).await?;
-    let parts = host.api.partitions().await?;
+    // A new data dir is a new host id: the partitions come back here once the controller gives
+    // them to it, and then restore.
+    let me = host.api.get("/api/v1/host").await?.body["id"].clone();
+    let parts = wait_for(
+        "the partitions restored here",
+        Duration::from_secs(60),
+        || async {
+            let parts = host.api.partitions().await?;
+            let mine: Vec<_> = parts
+                .iter()
+                .filter(|p| p["pipeline"] == flow.wc.as_str())
+                .collect();
+            let done = !mine.is_empty()
+                && mine.iter().all(|p| {
+                    p["owner"] == me && p["state"] == "running" && p["restore"]["finished"] == true
+                });
+            Ok(done.then_some(parts))
+        },
+    )
+    .await?;
     let restored: u64 = parts
         .iter()
         .filter(|p| p["pipeline"] == flow.wc.as_str())

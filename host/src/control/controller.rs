@@ -140,6 +140,10 @@ impl Baton {
                 ("enable.idempotence", "true"),
                 ("acks", "all"),
                 ("linger.ms", "0"),
+                // A controller that dies mid-transaction holds every control-log reader
+                // (read_committed) back until its transaction is aborted: by the next
+                // controller's init_transactions, or by the broker after this long.
+                ("transaction.timeout.ms", "10000"),
             ])
             .create()?;
         p.init_transactions(Duration::from_secs(30))?;

@@ -29,7 +29,7 @@ impl Baton {
                 let mut offset = from;
                 while !stop.load(Ordering::Relaxed) {
                     let Some(baton) = me.upgrade() else { return };
-                    let records = match baton.transport.read(&topic, 0, offset, 256) {
+                    let (records, next) = match baton.transport.read_from(&topic, 0, offset, 256) {
                         Ok(r) => r,
                         Err(e) => {
                             tracing::warn!("following the control log at {offset}: {e}");
@@ -39,6 +39,11 @@ impl Baton {
                         }
                     };
                     if records.is_empty() {
+                        // Past markers and aborted records, if that is all there was.
+                        if next > offset {
+                            offset = next;
+                            *baton.control_offset.lock() = offset;
+                        }
                         drop(baton);
                         std::thread::sleep(Duration::from_millis(50));
                         continue;
@@ -62,6 +67,7 @@ impl Baton {
                             ),
                         }
                     }
+                    offset = offset.max(next);
                     *baton.control_offset.lock() = offset;
                 }
             })

@@ -65,7 +65,13 @@ pub(crate) fn replay_control(
     let mut offset = 0;
     let mut progress_at = Instant::now();
     while offset < end {
-        let records = transport.read(topic, 0, offset, 1024)?;
+        let (records, next) = transport.read_from(topic, 0, offset, 1024)?;
+        if records.is_empty() && next > offset {
+            // Transaction markers (the controller's) or aborted records: nothing to apply.
+            offset = next;
+            progress_at = Instant::now();
+            continue;
+        }
         if records.is_empty() {
             anyhow::ensure!(
                 progress_at.elapsed() < stall,
@@ -87,6 +93,7 @@ pub(crate) fn replay_control(
                 .map_err(|e| anyhow::anyhow!("control log `{topic}` record {}: {e}", r.offset))?;
             catalog.apply(event);
         }
+        offset = offset.max(next);
     }
     Ok((catalog, end))
 }

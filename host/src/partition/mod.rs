@@ -299,6 +299,10 @@ pub struct PartitionTask {
     pub replays: Arc<ReplayPlan>,
     /// The generation of the target this partition refused last (0: none).
     pub rejected: AtomicU64,
+    /// Whether this host still owns the partition at its newest epoch, asked before each
+    /// session with the control log read to its end: a host that was paused past its session
+    /// timeout stops instead of fencing the partition's new owner.
+    pub owns: OwnershipCheck,
     /// The target when the partition was started: its first session runs it, so that a swap
     /// requested before that session began happens at a batch boundary, with its report and
     /// probation, like any other.
@@ -334,6 +338,9 @@ impl Default for PartitionStatus {
     }
 }
 
+/// See [`PartitionTask::owns`].
+pub type OwnershipCheck = Arc<dyn Fn() -> bool + Send + Sync>;
+
 /// The meta key of the next input offset of `slot` in `topic`.
 pub fn input_offset_key(topic: &str, slot: u32) -> String {
     format!("in/{topic}/{slot}")
@@ -368,6 +375,12 @@ impl PartitionTask {
                 // Nothing pending to commit: answered with what was committed last.
                 Wants::Checkpoint => self.inbox.done(self.status.progress.lock().clone()),
                 Wants::Nothing => {}
+            }
+            if !(self.owns)() {
+                // Assigned elsewhere since: starting a session would fence the new owner.
+                tracing::info!("no longer assigned here: stopped");
+                *self.status.phase.lock() = Phase::Stopped;
+                return;
             }
             let batches_before = self.status.batches.load(Ordering::Relaxed);
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.session()));

@@ -391,6 +391,10 @@ impl Baton {
             replays: run.replays.clone(),
             rejected: AtomicU64::new(0),
             initial: Mutex::new(Some(run.target.get())),
+            owns: {
+                let (me, id) = (self.me.clone(), id.clone());
+                Arc::new(move || me.upgrade().is_some_and(|b| b.owns(&id)))
+            },
         };
         let thread = std::thread::Builder::new()
             .name(format!("baton-{id}"))
@@ -407,6 +411,45 @@ impl Baton {
         };
         self.partitions.write().insert(id, Arc::new(handle));
         Ok(())
+    }
+
+    /// Whether this host owns partition `id` at its newest epoch, with the control log read to
+    /// its end first (for at most 5 s). On the embedded log, and for a pipeline no assignment
+    /// names, it does.
+    pub(crate) fn owns(&self, id: &str) -> bool {
+        if self.kafka.is_none() {
+            return true;
+        }
+        self.catch_up_control(std::time::Duration::from_secs(5));
+        self.catalog
+            .lock()
+            .assignments
+            .get(id)
+            .is_none_or(|a| a.owner == self.host_id)
+    }
+
+    /// Waits until the control-log follower has applied every record readable now, for at most
+    /// `timeout`.
+    pub(crate) fn catch_up_control(&self, timeout: std::time::Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let at = *self.control_offset.lock();
+            let next = match self.transport.read_from(&self.control_topic, 0, at, 1) {
+                Ok((r, next)) if r.is_empty() && next <= at => return,
+                Ok((r, next)) => r.first().map_or(next, |r| r.offset + 1),
+                Err(e) => {
+                    tracing::warn!("reading the control log: {e}");
+                    return;
+                }
+            };
+            while *self.control_offset.lock() < next {
+                if std::time::Instant::now() > deadline {
+                    tracing::warn!(next, "the control log is not followed to its end in time");
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
     }
 
     /// The running partitions with their live status (for metrics).

@@ -889,13 +889,23 @@ impl Transport for KafkaTransport {
         offset: u64,
         max: usize,
     ) -> Result<Vec<LogRecord>, TransportError> {
+        Ok(self.read_from(topic, partition, offset, max)?.0)
+    }
+
+    fn read_from(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        max: usize,
+    ) -> Result<(Vec<LogRecord>, u64), TransportError> {
         let reader = self.reader.lock();
         let (lo, hi) = reader
             .fetch_watermarks(topic, partition as i32, Duration::from_secs(10))
             .map_err(|e| kerr(&format!("watermarks of {topic}/{partition}"), e))?;
         let start = (offset as i64).max(lo);
         if start >= hi || max == 0 {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), offset.max(start as u64)));
         }
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(topic, partition as i32, Offset::Offset(start))
@@ -926,8 +936,17 @@ impl Transport for KafkaTransport {
                 }
             }
         }
+        let last = out.last().map(|r| r.offset + 1);
+        // With records read, what comes after the last one; without, how far the consumer got
+        // past markers and aborted records.
+        let next = match last {
+            Some(next) => next,
+            None => {
+                position(&reader, topic, partition).map_or(start as u64, |p| (p.max(start)) as u64)
+            }
+        };
         let _ = reader.unassign();
-        Ok(out)
+        Ok((out, next))
     }
 }
 

@@ -136,6 +136,20 @@ pub trait Transport: Send + Sync {
         offset: u64,
         max: usize,
     ) -> Result<Vec<LogRecord>, TransportError>;
+
+    /// Like [`Transport::read`], with the offset to read from next: past the records read, and
+    /// past transaction markers and aborted records (which take offsets and are never read).
+    fn read_from(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        max: usize,
+    ) -> Result<(Vec<LogRecord>, u64), TransportError> {
+        let records = self.read(topic, partition, offset, max)?;
+        let next = records.last().map_or(offset, |r| r.offset + 1);
+        Ok((records, next))
+    }
 }
 
 /// Checks a topic name with Kafka's rules, so that names work on both transports.
