@@ -173,6 +173,7 @@ impl Baton {
         prefix: &[u8],
         limit: usize,
         cursor: Option<&str>,
+        only_slot: Option<u32>,
     ) -> Result<ScanPage> {
         let record = self.pipeline(pipeline)?;
         let store_id = store_id(&record, store)?;
@@ -193,12 +194,50 @@ impl Baton {
                 (slot, Some(key))
             }
         };
+        if let Some(s) = only_slot
+            && (s >= record.spec.slots || (cursor.is_some() && s != first_slot))
+        {
+            return Err(Error::BadRequest(format!(
+                "slot {s}: pipeline `{pipeline}` has slots 0 to {}, and a cursor must be of \
+                 that slot",
+                record.spec.slots - 1
+            )));
+        }
+        let slots = match only_slot {
+            Some(s) => s..s + 1,
+            None => first_slot..record.spec.slots,
+        };
         let mut items = Vec::new();
-        let mut last = None;
+        let mut last: Option<String> = None;
         let mut restoring = false;
-        for slot in first_slot..record.spec.slots {
+        for slot in slots {
             if items.len() == limit {
                 break;
+            }
+            if let Owner::Remote { host, url } = self.resolver.owner(pipeline, slot) {
+                // That slot's page from its owner, from where the cursor says.
+                let want = limit - items.len();
+                let from = after
+                    .as_ref()
+                    .filter(|_| slot == first_slot)
+                    .map(|k| format!("{slot}:{}", hex::encode(k)));
+                let page = remote_scan(
+                    &host,
+                    &url,
+                    pipeline,
+                    store,
+                    prefix,
+                    want,
+                    slot,
+                    from.as_deref(),
+                )?;
+                restoring |= page.restoring;
+                let full = page.items.len() == want;
+                items.extend(page.items);
+                if full {
+                    last = page.next_cursor;
+                }
+                continue;
             }
             let handle = self.local_owner(pipeline, slot)?;
             restoring |= matches!(*handle.status.phase.lock(), Phase::Restoring);
@@ -219,13 +258,10 @@ impl Baton {
                 .scan(store_id, &start, &end, limit - items.len())?
             {
                 items.push(self.entry(&handle, slot, &k[4..], v));
-                last = Some((slot, k[4..].to_vec()));
+                last = Some(format!("{slot}:{}", hex::encode(&k[4..])));
             }
         }
-        let next_cursor = (items.len() == limit)
-            .then_some(last)
-            .flatten()
-            .map(|(slot, key)| format!("{slot}:{}", hex::encode(key)));
+        let next_cursor = (items.len() == limit).then_some(last).flatten();
         Ok(ScanPage {
             items,
             next_cursor,
@@ -314,6 +350,18 @@ fn remote_lookup(
             s => Err(format!("{s} {}", r.text().await.unwrap_or_default())),
         }
     };
+    let mut entry = fetch_remote(unavailable, fetch)?;
+    if let Some(e) = &mut entry {
+        e.matches.clear();
+    }
+    Ok(entry)
+}
+
+/// Runs a blocking call's HTTP request to another host.
+fn fetch_remote<T>(
+    unavailable: impl Fn(String) -> Error,
+    fetch: impl std::future::Future<Output = std::result::Result<T, String>>,
+) -> Result<T> {
     let answer = match tokio::runtime::Handle::try_current() {
         Ok(h) => tokio::task::block_in_place(|| h.block_on(fetch)),
         Err(_) => tokio::runtime::Builder::new_current_thread()
@@ -322,9 +370,51 @@ fn remote_lookup(
             .map_err(|e| unavailable(e.to_string()))?
             .block_on(fetch),
     };
-    let mut entry = answer.map_err(unavailable)?;
-    if let Some(e) = &mut entry {
-        e.matches.clear();
+    answer.map_err(unavailable)
+}
+
+/// A page of one slot of a scan, from `host`, the slot's owner.
+#[allow(clippy::too_many_arguments)]
+fn remote_scan(
+    host: &str,
+    url: &str,
+    pipeline: &str,
+    store: &str,
+    prefix: &[u8],
+    limit: usize,
+    slot: u32,
+    cursor: Option<&str>,
+) -> Result<ScanPage> {
+    let unavailable = |why: String| {
+        Error::Unavailable(format!(
+            "host {host} ({url}) owns slot {slot} of `{pipeline}` and did not answer: {why}"
+        ))
+    };
+    let prefix = std::str::from_utf8(prefix)
+        .map_err(|_| Error::BadRequest("a scan prefix must be UTF-8".into()))?;
+    let mut u = reqwest::Url::parse(url).map_err(|e| unavailable(format!("bad address: {e}")))?;
+    u.path_segments_mut()
+        .map_err(|_| unavailable("bad address".into()))?
+        .extend(["api", "v1", "pipelines", pipeline, "stores", store, "keys"]);
+    {
+        let mut q = u.query_pairs_mut();
+        q.append_pair("prefix", prefix)
+            .append_pair("limit", &limit.to_string())
+            .append_pair("slot", &slot.to_string());
+        if let Some(c) = cursor {
+            q.append_pair("cursor", c);
+        }
     }
-    Ok(entry)
+    fetch_remote(unavailable, async move {
+        let r = reqwest::Client::new()
+            .get(u)
+            .timeout(REMOTE_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        match r.status().as_u16() {
+            200 => r.json::<ScanPage>().await.map_err(|e| e.to_string()),
+            s => Err(format!("{s} {}", r.text().await.unwrap_or_default())),
+        }
+    })
 }

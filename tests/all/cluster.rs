@@ -208,6 +208,32 @@ async fn count_at(api: &baton_tests::Api, key: &str) -> anyhow::Result<Option<i6
     }
 }
 
+/// Every (key, count) of `wc`'s store, scanned page by page from one host.
+async fn scan_all(api: &baton_tests::Api) -> anyhow::Result<BTreeMap<String, i64>> {
+    let mut out = BTreeMap::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/api/v1/pipelines/wc/stores/counts/keys?limit=77&cursor={c}"),
+            None => "/api/v1/pipelines/wc/stores/counts/keys?limit=77".to_string(),
+        };
+        let r = api.get(&path).await?;
+        anyhow::ensure!(r.status == 200, "scan: {r:?}");
+        for item in r.body["items"].as_array().into_iter().flatten() {
+            let key = item["key"].as_str().unwrap_or_default().to_string();
+            anyhow::ensure!(
+                out.insert(key.clone(), item["value_i64"].as_i64().unwrap_or(-1))
+                    .is_none(),
+                "{key} twice in a scan"
+            );
+        }
+        match r.body["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => return Ok(out),
+        }
+    }
+}
+
 /// (id, owner, epoch) of every partition, as one host shows the partition table.
 async fn table(api: &baton_tests::Api) -> anyhow::Result<Vec<(String, String, u64)>> {
     Ok(api
@@ -390,6 +416,8 @@ async fn partitions_spread_over_hosts_and_fail_over_with_exact_counts() -> anyho
     for (k, n) in &so_far {
         assert_eq!(count_at(&apis[1], k).await?, Some(*n), "count of {k} at b");
     }
+    // And scans the whole store, pages crossing from its slots to a's.
+    assert_eq!(scan_all(&apis[1]).await?, so_far, "a scan at b");
 
     // b stops cleanly: its partition moves too, at the next epoch.
     let b_had = owned_by(&shown, "b");

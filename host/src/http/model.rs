@@ -135,7 +135,7 @@ pub struct SwapPartition {
 }
 
 /// One page of a scan.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct ScanPage {
     /// Entries in (slot, key) order.
     pub items: Vec<Lookup>,

@@ -233,6 +233,13 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
                     "next_cursor of the previous page.",
                     "string",
                 ),
+                (
+                    "slot",
+                    "query",
+                    false,
+                    "Only this slot (a host asks the owner of a slot it does not own this way).",
+                    "integer",
+                ),
             ],
             request: None,
             ok: (

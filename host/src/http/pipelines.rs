@@ -195,6 +195,8 @@ struct ScanQuery {
     limit: Option<usize>,
     /// `next_cursor` of the previous page.
     cursor: Option<String>,
+    /// Only this slot.
+    slot: Option<u32>,
 }
 
 async fn scan(
@@ -204,7 +206,10 @@ async fn scan(
 ) -> Result<Json<ScanPage>, ApiError> {
     let Path((pipeline, store)) = path?;
     let axum::extract::Query(q) = query.map_err(|e| {
-        ApiError::bad_request(format!("{}; use ?prefix=&limit=&cursor=", e.body_text()))
+        ApiError::bad_request(format!(
+            "{}; use ?prefix=&limit=&cursor=&slot=",
+            e.body_text()
+        ))
     })?;
     let limit = q.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
@@ -219,6 +224,7 @@ async fn scan(
             q.prefix.as_bytes(),
             limit,
             q.cursor.as_deref(),
+            q.slot,
         )
     })
     .await?;
