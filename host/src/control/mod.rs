@@ -196,6 +196,49 @@ mod tests {
     use super::*;
 
     #[test]
+    fn assignments_end_the_same_whatever_order_they_are_applied_in() {
+        let pipeline: PipelineRecord = serde_json::from_value(serde_json::json!({
+            "spec": {"name": "p", "module": "m", "version": "1", "inputs": ["in"],
+                     "slots": 2, "partitions": 1},
+            "sha256": "", "start_offsets": {}, "created_at": 0
+        }))
+        .unwrap();
+        let a = |owner: &str, epoch: u64| {
+            ControlEvent::Assigned(AssignmentRecord {
+                pipeline: "p".into(),
+                partition: "p-0".into(),
+                slots: [0, 2],
+                owner: owner.into(),
+                epoch,
+                at: 0,
+            })
+        };
+        let orders = [
+            vec![a("b", 1), a("a", 1), a("c", 2)],
+            vec![a("a", 1), a("c", 2), a("b", 1)],
+            vec![a("c", 2), a("b", 1), a("a", 1)],
+        ];
+        let mut ends = Vec::new();
+        for order in orders {
+            let mut c = Catalog::default();
+            c.apply(ControlEvent::Pipeline(Box::new(pipeline.clone())));
+            for e in order {
+                c.apply(e);
+            }
+            ends.push(c.assignments["p-0"].clone());
+        }
+        assert!(
+            ends.iter().all(|e| e.owner == "c" && e.epoch == 2),
+            "{ends:?}"
+        );
+        let mut c = Catalog::default();
+        c.apply(ControlEvent::Pipeline(Box::new(pipeline)));
+        c.apply(a("b", 1));
+        c.apply(a("a", 1));
+        assert_eq!(c.assignments["p-0"].owner, "a", "one epoch: the smaller id");
+    }
+
+    #[test]
     fn events_of_a_newer_host_replay_without_their_new_fields() {
         let e = parse_event(
             br#"{"type":"module","name":"m","version":"1","sha256":"ab","size":1,
@@ -243,10 +286,13 @@ impl Catalog {
                 self.pipelines.insert(p.spec.name.clone(), *p);
             }
             ControlEvent::Assigned(a) => {
-                let newer = self
-                    .assignments
-                    .get(&a.partition)
-                    .is_none_or(|old| a.epoch > old.epoch);
+                // The newer epoch wins; at one epoch (the creator of a pipeline and the
+                // controller may both write epoch 1), the smaller host id, so that every host
+                // keeps the same one whatever order it applied them in.
+                let newer = self.assignments.get(&a.partition).is_none_or(|old| {
+                    (a.epoch, std::cmp::Reverse(&a.owner))
+                        > (old.epoch, std::cmp::Reverse(&old.owner))
+                });
                 if newer && self.pipelines.contains_key(&a.pipeline) {
                     self.assignments.insert(a.partition.clone(), a);
                 }
