@@ -506,6 +506,11 @@ pub struct ChildHost {
 impl ChildHost {
     /// Starts `baton run` on `dir` with a free port and extra flags; returns once it answers.
     pub async fn start(dir: &Path, extra: &[&str]) -> Result<Self> {
+        Self::start_in(dir, &cluster_name(dir), extra).await
+    }
+
+    /// Like [`ChildHost::start`], in the cluster `cluster`.
+    pub async fn start_in(dir: &Path, cluster: &str, extra: &[&str]) -> Result<Self> {
         let addr_file = dir.join("baton.addr");
         let _ = std::fs::remove_file(&addr_file);
         std::fs::create_dir_all(dir)?;
@@ -523,7 +528,7 @@ impl ChildHost {
                 "--data-dir",
             ])
             .arg(dir)
-            .args(["--cluster", &cluster_name(dir)])
+            .args(["--cluster", cluster])
             .args(extra)
             .stdout(Stdio::null())
             .stderr(log)

@@ -83,8 +83,11 @@ pub struct KafkaMembership {
 /// The prefix of a member's `client.id`, followed by its host id.
 const CLIENT_PREFIX: &str = "baton-host:";
 
-/// How often a host reports its load and looks at the group.
+/// How often a host reports its load.
 const TICK: Duration = Duration::from_secs(1);
+
+/// How often a host describes the group: how soon it sees a host come or go.
+const DESCRIBE: Duration = Duration::from_millis(250);
 
 impl KafkaMembership {
     /// Joins the cluster `cluster` as `id`: creates `<cluster>.hosts` and `<cluster>.load` when
@@ -217,16 +220,19 @@ struct Member {
 
 impl Member {
     fn run(&mut self, stop: &AtomicBool) {
-        let mut next_tick = Instant::now();
+        let (mut next_report, mut next_describe) = (Instant::now(), Instant::now());
         while !stop.load(Ordering::Relaxed) {
             // Polling keeps the group session (and runs rebalances); the topic holds nothing.
-            if let Some(Err(e)) = self.group.poll(Duration::from_millis(100)) {
+            if let Some(Err(e)) = self.group.poll(Duration::from_millis(50)) {
                 tracing::debug!("membership: {e}");
             }
             self.read_reports();
-            if Instant::now() >= next_tick {
-                next_tick = Instant::now() + TICK;
+            if Instant::now() >= next_report {
+                next_report = Instant::now() + TICK;
                 self.report();
+            }
+            if Instant::now() >= next_describe {
+                next_describe = Instant::now() + DESCRIBE;
                 match self.describe() {
                     Ok(members) => self.seen.lock().members = members,
                     Err(e) => tracing::warn!("membership: describing the group: {e:#}"),
