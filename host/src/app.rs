@@ -362,6 +362,8 @@ impl Baton {
         for p in &parts {
             p.join();
         }
+        // Committed and stopped: their next owners may start now.
+        self.hand_off();
         self.background_stop.store(true, Ordering::Relaxed);
         let threads: Vec<_> = self.background.lock().drain(..).collect();
         for t in threads {

@@ -170,6 +170,52 @@ impl Baton {
         Ok(())
     }
 
+    /// On a clean stop, once this host's partitions have committed and stopped: gives each of
+    /// them to the live host with the fewest partitions, at the next epoch, so that they start
+    /// there at once rather than once the controller sees this host gone.
+    pub(crate) fn hand_off(&self) {
+        if self.kafka.is_none() {
+            return;
+        }
+        let others: Vec<String> = self
+            .hosts()
+            .into_iter()
+            .filter(|h| h.alive && h.id != self.host_id)
+            .map(|h| h.id)
+            .collect();
+        if others.is_empty() {
+            return;
+        }
+        let _control = self.control.lock();
+        let current = self.catalog.lock().assignments.clone();
+        let mut load: BTreeMap<&str, usize> = others.iter().map(|h| (h.as_str(), 0)).collect();
+        for a in current.values() {
+            if let Some(n) = load.get_mut(a.owner.as_str()) {
+                *n += 1;
+            }
+        }
+        for a in current.values().filter(|a| a.owner == self.host_id) {
+            let Some((&to, _)) = load.iter().min_by_key(|(h, n)| (**n, **h)) else {
+                return;
+            };
+            *load.get_mut(to).expect("a live host") += 1;
+            let event = ControlEvent::Assigned(AssignmentRecord {
+                owner: to.to_string(),
+                epoch: a.epoch + 1,
+                at: now_ms(),
+                ..a.clone()
+            });
+            match self.append_control(&event) {
+                Ok(()) => {
+                    tracing::info!(partition = %a.partition, to, "handed off");
+                    self.catalog.lock().apply(event);
+                }
+                // The controller gives it away once this host has left the group.
+                Err(e) => tracing::warn!(partition = %a.partition, "handing off: {e}"),
+            }
+        }
+    }
+
     /// This host's assignments of `pipeline`: on the embedded log every partition; on Kafka
     /// the ones the catalog gives it. A pipeline no assignment names yet (created before
     /// assignments existed) runs here whole until the controller assigns it.
