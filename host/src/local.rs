@@ -404,7 +404,7 @@ pub fn run(
     };
     // Records by slot, in file order, with their offsets in the slot.
     let mut next_offset = vec![0u64; spec.slots as usize];
-    let placed: Vec<(Message, usize)> = input
+    let (msgs, lines): (Vec<Message>, Vec<usize>) = input
         .iter()
         .enumerate()
         .map(|(i, r)| {
@@ -432,17 +432,15 @@ pub fn run(
             };
             (m, i + 1)
         })
-        .collect();
+        .unzip();
     let mut i = 0;
-    while i < placed.len() {
-        let slot = placed[i].0.slot;
+    while i < msgs.len() {
+        let slot = msgs[i].slot;
         let mut j = i + 1;
-        while j < placed.len() && j - i < MAX_CALL && placed[j].0.slot == slot {
+        while j < msgs.len() && j - i < MAX_CALL && msgs[j].slot == slot {
             j += 1;
         }
-        let msgs: Vec<Message> = placed[i..j].iter().map(|(m, _)| m.clone()).collect();
-        let lines: Vec<usize> = placed[i..j].iter().map(|(_, l)| *l).collect();
-        inst = runner.process(inst, &msgs, &lines)?;
+        inst = runner.process(inst, &msgs[i..j], &lines[i..j])?;
         inst = runner.fire(inst, slot, now)?;
         i = j;
     }

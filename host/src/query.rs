@@ -302,39 +302,30 @@ fn store_id(record: &PipelineRecord, store: &str) -> Result<usize> {
 /// How long a host waits for another to answer a lookup.
 const REMOTE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Asks `host`, the owner of `slot`, for `key` in that slot: `None` when it does not hold the
-/// key; 503 naming the host when it cannot answer.
-fn remote_lookup(
-    host: &str,
-    url: &str,
+/// GETs `path` (segments under the base URL `url`) with `query` from `host`, the owner of
+/// `slot` of `pipeline`: its JSON answer, `None` for a 404, and a 503 naming the host when it
+/// cannot answer. One HTTP client serves every such call, so connections are reused.
+fn ask_owner<T: serde::de::DeserializeOwned>(
+    (host, url): (&str, &str),
     pipeline: &str,
-    store: &str,
-    key: &[u8],
     slot: u32,
-) -> Result<Option<Lookup>> {
+    path: &[&str],
+    query: &[(&str, &str)],
+) -> Result<Option<T>> {
+    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
     let unavailable = |why: String| {
         Error::Unavailable(format!(
             "host {host} ({url}) owns slot {slot} of `{pipeline}` and did not answer: {why}"
         ))
     };
-    let key = std::str::from_utf8(key)
-        .map_err(|_| Error::BadRequest("a key asked of another host must be UTF-8".into()))?;
     let mut u = reqwest::Url::parse(url).map_err(|e| unavailable(format!("bad address: {e}")))?;
     u.path_segments_mut()
         .map_err(|_| unavailable("bad address".into()))?
-        .extend([
-            "api",
-            "v1",
-            "pipelines",
-            pipeline,
-            "stores",
-            store,
-            "keys",
-            key,
-        ]);
-    u.query_pairs_mut().append_pair("slot", &slot.to_string());
+        .extend(path);
+    u.query_pairs_mut().extend_pairs(query);
     let fetch = async move {
-        let r = reqwest::Client::new()
+        let r = CLIENT
+            .get_or_init(reqwest::Client::new)
             .get(u)
             .timeout(REMOTE_TIMEOUT)
             .send()
@@ -342,26 +333,10 @@ fn remote_lookup(
             .map_err(|e| e.to_string())?;
         match r.status().as_u16() {
             404 => Ok(None),
-            200 => r
-                .json::<Lookup>()
-                .await
-                .map(Some)
-                .map_err(|e| e.to_string()),
+            200 => r.json::<T>().await.map(Some).map_err(|e| e.to_string()),
             s => Err(format!("{s} {}", r.text().await.unwrap_or_default())),
         }
     };
-    let mut entry = fetch_remote(unavailable, fetch)?;
-    if let Some(e) = &mut entry {
-        e.matches.clear();
-    }
-    Ok(entry)
-}
-
-/// Runs a blocking call's HTTP request to another host.
-fn fetch_remote<T>(
-    unavailable: impl Fn(String) -> Error,
-    fetch: impl std::future::Future<Output = std::result::Result<T, String>>,
-) -> Result<T> {
     let answer = match tokio::runtime::Handle::try_current() {
         Ok(h) => tokio::task::block_in_place(|| h.block_on(fetch)),
         Err(_) => tokio::runtime::Builder::new_current_thread()
@@ -371,6 +346,36 @@ fn fetch_remote<T>(
             .block_on(fetch),
     };
     answer.map_err(unavailable)
+}
+
+/// `key` in `slot`, from `host`, the slot's owner: `None` when it does not hold the key.
+fn remote_lookup(
+    host: &str,
+    url: &str,
+    pipeline: &str,
+    store: &str,
+    key: &[u8],
+    slot: u32,
+) -> Result<Option<Lookup>> {
+    let key = std::str::from_utf8(key)
+        .map_err(|_| Error::BadRequest("a key asked of another host must be UTF-8".into()))?;
+    let path = [
+        "api",
+        "v1",
+        "pipelines",
+        pipeline,
+        "stores",
+        store,
+        "keys",
+        key,
+    ];
+    let slot_text = slot.to_string();
+    let mut entry: Option<Lookup> =
+        ask_owner((host, url), pipeline, slot, &path, &[("slot", &slot_text)])?;
+    if let Some(e) = &mut entry {
+        e.matches.clear();
+    }
+    Ok(entry)
 }
 
 /// A page of one slot of a scan, from `host`, the slot's owner.
@@ -385,36 +390,17 @@ fn remote_scan(
     slot: u32,
     cursor: Option<&str>,
 ) -> Result<ScanPage> {
-    let unavailable = |why: String| {
-        Error::Unavailable(format!(
-            "host {host} ({url}) owns slot {slot} of `{pipeline}` and did not answer: {why}"
-        ))
-    };
     let prefix = std::str::from_utf8(prefix)
         .map_err(|_| Error::BadRequest("a scan prefix must be UTF-8".into()))?;
-    let mut u = reqwest::Url::parse(url).map_err(|e| unavailable(format!("bad address: {e}")))?;
-    u.path_segments_mut()
-        .map_err(|_| unavailable("bad address".into()))?
-        .extend(["api", "v1", "pipelines", pipeline, "stores", store, "keys"]);
-    {
-        let mut q = u.query_pairs_mut();
-        q.append_pair("prefix", prefix)
-            .append_pair("limit", &limit.to_string())
-            .append_pair("slot", &slot.to_string());
-        if let Some(c) = cursor {
-            q.append_pair("cursor", c);
-        }
+    let path = ["api", "v1", "pipelines", pipeline, "stores", store, "keys"];
+    let (limit, slot_text) = (limit.to_string(), slot.to_string());
+    let mut query = vec![("prefix", prefix), ("limit", &limit), ("slot", &slot_text)];
+    if let Some(c) = cursor {
+        query.push(("cursor", c));
     }
-    fetch_remote(unavailable, async move {
-        let r = reqwest::Client::new()
-            .get(u)
-            .timeout(REMOTE_TIMEOUT)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        match r.status().as_u16() {
-            200 => r.json::<ScanPage>().await.map_err(|e| e.to_string()),
-            s => Err(format!("{s} {}", r.text().await.unwrap_or_default())),
-        }
+    ask_owner((host, url), pipeline, slot, &path, &query)?.ok_or_else(|| {
+        Error::Unavailable(format!(
+            "host {host} ({url}) owns slot {slot} of `{pipeline}` and answered 404 to a scan"
+        ))
     })
 }

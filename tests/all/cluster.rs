@@ -9,6 +9,17 @@ use std::time::{Duration, Instant};
 use baton_tests::{ChildHost, InProcess, cluster_name, kafka_bootstrap, kafka_lock, wait_for};
 use serde_json::Value;
 
+/// An in-process host on Kafka, `id` in `cluster`, with the tests' 6 s session.
+async fn member(dir: &std::path::Path, cluster: &str, id: &str) -> anyhow::Result<InProcess> {
+    let (cluster, id) = (cluster.to_string(), id.to_string());
+    InProcess::start_configured(dir, Some(&kafka_bootstrap()), move |c| {
+        c.cluster = cluster;
+        c.host_id = Some(id);
+        c.session_timeout = Duration::from_secs(6);
+    })
+    .await
+}
+
 /// id → (address, alive, controller), as one host answers `GET /api/v1/hosts`.
 type View = BTreeMap<String, (String, bool, bool)>;
 
@@ -71,15 +82,7 @@ async fn hosts_agree_on_members_and_one_controller_as_hosts_come_and_go() -> any
     let cluster = cluster_name(dirs[3].path());
     let mut hosts = Vec::new();
     for (i, id) in ["a", "b", "c"].iter().enumerate() {
-        let cluster = cluster.clone();
-        hosts.push(
-            InProcess::start_configured(dirs[i].path(), Some(&kafka_bootstrap()), move |c| {
-                c.cluster = cluster;
-                c.host_id = Some(id.to_string());
-                c.session_timeout = Duration::from_secs(6);
-            })
-            .await?,
-        );
+        hosts.push(member(dirs[i].path(), &cluster, id).await?);
     }
     let child = ChildHost::start(
         dirs[3].path(),
@@ -168,14 +171,18 @@ async fn on_the_embedded_log_a_host_is_its_own_cluster() -> anyhow::Result<()> {
         (me["alive"].as_bool(), me["controller"].as_bool()),
         (Some(true), Some(true))
     );
-    let parts = host.api.get("/api/v1/partitions").await?.body;
-    assert!(
-        parts
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|p| p["owner"] == id.trim())
-    );
+    host.api
+        .upload_plugin("word-count", "word-count", "1")
+        .await?;
+    host.api
+        .create_pipeline(serde_json::json!({
+            "name": "wc", "module": "word-count", "version": "1", "inputs": ["in"],
+            "stores": ["counts"], "slots": 4, "partitions": 2
+        }))
+        .await?;
+    let parts = host.api.partitions().await?;
+    assert_eq!(parts.len(), 2, "{parts:?}");
+    assert!(parts.iter().all(|p| p["owner"] == id.trim()), "{parts:?}");
     host.stop().await?;
     // Restarted on its data, it keeps its id.
     let again = InProcess::start(dir.path()).await?;
@@ -284,15 +291,7 @@ async fn partitions_spread_over_hosts_and_fail_over_with_exact_counts() -> anyho
     let cluster = cluster_name(dirs[2].path());
     let mut hosts = Vec::new();
     for (i, id) in ["a", "b"].iter().enumerate() {
-        let cluster = cluster.clone();
-        hosts.push(
-            InProcess::start_configured(dirs[i].path(), Some(&kafka_bootstrap()), move |c| {
-                c.cluster = cluster;
-                c.host_id = Some(id.to_string());
-                c.session_timeout = Duration::from_secs(6);
-            })
-            .await?,
-        );
+        hosts.push(member(dirs[i].path(), &cluster, id).await?);
     }
     let child = ChildHost::start(
         dirs[2].path(),
@@ -478,15 +477,7 @@ async fn a_paused_owner_is_fenced_and_rejoins_without_a_fencing_loop() -> anyhow
         .map(|_| tempfile::tempdir())
         .collect::<Result<_, _>>()?;
     let cluster = cluster_name(dirs[1].path());
-    let a = {
-        let cluster = cluster.clone();
-        InProcess::start_configured(dirs[0].path(), Some(&kafka_bootstrap()), move |c| {
-            c.cluster = cluster;
-            c.host_id = Some("a".into());
-            c.session_timeout = Duration::from_secs(6);
-        })
-        .await?
-    };
+    let a = member(dirs[0].path(), &cluster, "a").await?;
     let c = ChildHost::start(
         dirs[1].path(),
         &[

@@ -187,27 +187,18 @@ impl Baton {
             return;
         }
         let _control = self.control.lock();
-        let current = self.catalog.lock().assignments.clone();
-        let mut load: BTreeMap<&str, usize> = others.iter().map(|h| (h.as_str(), 0)).collect();
-        for a in current.values() {
-            if let Some(n) = load.get_mut(a.owner.as_str()) {
-                *n += 1;
-            }
-        }
-        for a in current.values().filter(|a| a.owner == self.host_id) {
-            let Some((&to, _)) = load.iter().min_by_key(|(h, n)| (**n, **h)) else {
-                return;
-            };
-            *load.get_mut(to).expect("a live host") += 1;
-            let event = ControlEvent::Assigned(AssignmentRecord {
-                owner: to.to_string(),
-                epoch: a.epoch + 1,
-                at: now_ms(),
-                ..a.clone()
-            });
+        let (pipelines, current) = {
+            let catalog = self.catalog.lock();
+            let pipelines: Vec<PipelineRecord> = catalog.pipelines.values().cloned().collect();
+            (pipelines, catalog.assignments.clone())
+        };
+        // Without this host among the live ones, the plan moves exactly what it owns (and what
+        // other gone hosts own, which the controller would move anyway).
+        for a in plan(&pipelines, &current, &others) {
+            let event = ControlEvent::Assigned(a.clone());
             match self.append_control(&event) {
                 Ok(()) => {
-                    tracing::info!(partition = %a.partition, to, "handed off");
+                    tracing::info!(partition = %a.partition, to = %a.owner, "handed off");
                     self.catalog.lock().apply(event);
                 }
                 // The controller gives it away once this host has left the group.

@@ -184,13 +184,7 @@ impl Baton {
         if let Some(reason) = self.start_failures.read().get(name) {
             return (PipelinePhase::Failed, Some(reason.clone()));
         }
-        let parts: Vec<_> = self
-            .partitions
-            .read()
-            .values()
-            .filter(|h| h.pipeline == name)
-            .cloned()
-            .collect();
+        let parts = self.pipeline_partitions(name);
         let mut all_running = !parts.is_empty();
         for h in &parts {
             match &*h.status.phase.lock() {
@@ -473,13 +467,7 @@ impl Baton {
         };
         drop(control);
         tracing::info!(pipeline = name, generation, "pipeline settings changed");
-        let parts: Vec<_> = self
-            .partitions
-            .read()
-            .values()
-            .filter(|h| h.pipeline == name)
-            .cloned()
-            .collect();
+        let parts = self.pipeline_partitions(name);
         let deadline = Instant::now() + wait;
         let applied = loop {
             let all = parts.iter().all(|h| {

@@ -54,13 +54,7 @@ impl Baton {
             tracing::info!(pipeline, from = %spec.version, version, "hot swap requested");
             (target.set(version.into(), module), target)
         };
-        let parts: Vec<_> = self
-            .partitions
-            .read()
-            .values()
-            .filter(|h| h.pipeline == pipeline)
-            .cloned()
-            .collect();
+        let parts = self.pipeline_partitions(pipeline);
         let deadline = Instant::now() + wait;
         let reported = |h: &PartitionHandle| {
             h.status

@@ -159,15 +159,19 @@ impl Baton {
         }
     }
 
-    /// Stops a pipeline's partitions here and forgets them.
-    pub(crate) fn stop_pipeline(&self, name: &str) {
-        let parts: Vec<_> = self
-            .partitions
+    /// The partitions of `pipeline` running here.
+    pub(crate) fn pipeline_partitions(&self, pipeline: &str) -> Vec<Arc<PartitionHandle>> {
+        self.partitions
             .read()
             .values()
-            .filter(|h| h.pipeline == name)
+            .filter(|h| h.pipeline == pipeline)
             .cloned()
-            .collect();
+            .collect()
+    }
+
+    /// Stops a pipeline's partitions here and forgets them.
+    pub(crate) fn stop_pipeline(&self, name: &str) {
+        let parts = self.pipeline_partitions(name);
         for p in &parts {
             p.stop();
         }
