@@ -157,7 +157,7 @@ baton test-plugin "$wasm" --input records.jsonl --expect state.jsonl --config ou
         (
             "README.md",
             format!(
-                "# {name}\n\nA baton processor.\n\n```sh\nbaton build                 # → the component's path, size and contract\n./test.sh                   # build, then run records.jsonl against state.jsonl\nbaton modules push {name} 1 <component>   # deploy to a host\n```\n"
+                "# {name}\n\nA baton processor.\n\n```sh\nbaton build                 # → the component's path, size and contract\n./test.sh                   # build, then run records.jsonl against state.jsonl\nbaton modules push <component> --name {name} --version 1   # deploy to a host\n```\n"
             ),
         ),
     ];
