@@ -120,6 +120,12 @@ pub struct Baton {
     pub(crate) background_stop: Arc<std::sync::atomic::AtomicBool>,
     /// The follower's and the controller's threads.
     pub(crate) background: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// Copies of partitions this host keeps without processing them (a move's target).
+    pub(crate) replicas: RwLock<BTreeMap<String, Arc<crate::cluster::moves::Replica>>>,
+    /// Partitions this host drained for a move: not restarted while held.
+    pub(crate) held: Mutex<crate::cluster::moves::HeldPartitions>,
+    /// Pauses of the moves this host took over.
+    pub(crate) pauses: Mutex<crate::cluster::moves::Pauses>,
 }
 
 impl Baton {
@@ -189,6 +195,9 @@ impl Baton {
             control_offset: Mutex::new(control_end),
             background_stop: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             background: Mutex::new(Vec::new()),
+            replicas: RwLock::new(BTreeMap::new()),
+            held: Mutex::new(BTreeMap::new()),
+            pauses: Mutex::new(Default::default()),
         });
         baton.join_cluster()?;
         for m in &baton.config.native_modules {
@@ -310,7 +319,7 @@ impl Baton {
                     s.guest_us += h.status.time.process_us.load(Ordering::Relaxed);
                     s.partitions += 1;
                 }
-                s.detail = b.local_partitions();
+                s.detail = b.reported_rows();
             }
             s
         });

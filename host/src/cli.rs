@@ -100,6 +100,21 @@ pub enum Pipelines {
     },
 }
 
+/// What `baton partitions` does besides showing the table.
+#[derive(Subcommand)]
+pub enum PartitionsAction {
+    /// Moves a partition to another host while it runs: the host warms up from the changelog,
+    /// then takes over at a batch boundary. Answers the move's id at once; its progress shows
+    /// in the partition's `moves`.
+    Move {
+        /// The partition's id (see `baton partitions`).
+        id: String,
+        /// The host id to move it to (see `baton hosts`).
+        #[arg(long)]
+        to: String,
+    },
+}
+
 /// The client subcommands.
 #[derive(Subcommand)]
 pub enum Call {
@@ -109,8 +124,13 @@ pub enum Call {
     /// Creates, lists and hot-swaps pipelines.
     #[command(subcommand)]
     Pipelines(Pipelines),
-    /// Shows the partition table.
-    Partitions,
+    /// Shows the partition table (`baton partitions`), or moves a partition live
+    /// (`baton partitions move ID --to HOST`).
+    Partitions {
+        /// What to do; without one, the table is shown.
+        #[command(subcommand)]
+        action: Option<PartitionsAction>,
+    },
     /// Lists the hosts of the cluster: alive, controller, load, last heartbeat.
     Hosts,
     /// Looks up one key of a pipeline's store.
@@ -270,7 +290,21 @@ async fn call_api(c: &Client, call: Call) -> anyhow::Result<Value> {
             )
             .await
         }
-        Call::Partitions => c.send(c.request(Method::GET, "/api/v1/partitions")).await,
+        Call::Partitions { action: None } => {
+            c.send(c.request(Method::GET, "/api/v1/partitions")).await
+        }
+        Call::Partitions {
+            action: Some(PartitionsAction::Move { id, to }),
+        } => {
+            c.send(
+                c.request(
+                    Method::POST,
+                    &format!("/api/v1/partitions/{}/move", encode_path(&id)),
+                )
+                .json(&json!({ "to": to })),
+            )
+            .await
+        }
         Call::Hosts => c.send(c.request(Method::GET, "/api/v1/hosts")).await,
         Call::Get {
             pipeline,

@@ -14,6 +14,7 @@ mod kafka;
 mod lifecycle;
 mod limits;
 mod memory;
+mod moves;
 mod openapi;
 mod restart;
 mod scaffold;

@@ -87,6 +87,9 @@ impl Baton {
                         .filter(|h| h.alive)
                         .map(|h| h.id.clone())
                         .collect();
+                    for (m, reason) in baton.stale_moves(&alive) {
+                        baton.abandon_move(&m, reason);
+                    }
                     let changes = {
                         let catalog = baton.catalog.lock();
                         let pipelines: Vec<PipelineRecord> =

@@ -139,6 +139,11 @@ impl Baton {
                 self.catalog.lock().apply(event);
                 self.follow_assignments(&pipeline);
             }
+            ControlEvent::Move(m) => {
+                let m = m.clone();
+                self.catalog.lock().apply(event);
+                self.on_move(&m);
+            }
         }
     }
 

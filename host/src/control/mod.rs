@@ -55,7 +55,65 @@ pub enum ControlEvent {
     DeadLettersReplayed(DeadLetterReplay),
     /// The controller gave a partition to a host, from an epoch on.
     Assigned(AssignmentRecord),
+    /// A live move of a partition to another host began or went on to a new phase.
+    Move(MoveRecord),
 }
+
+/// Where a live move of a partition is.
+#[derive(
+    Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum MovePhase {
+    /// The target restores the partition's state from its changelog and tails it, while the
+    /// owner goes on processing.
+    Warming,
+    /// The owner stopped at a batch boundary and committed; the target catches up to the final
+    /// offsets and takes over.
+    Handoff,
+    /// The target owns the partition and processes it.
+    Done,
+    /// Given up (see `reason`): the owner goes on.
+    Abandoned,
+}
+
+impl MovePhase {
+    /// Done or abandoned: nothing more happens to the move.
+    pub fn ended(self) -> bool {
+        matches!(self, MovePhase::Done | MovePhase::Abandoned)
+    }
+}
+
+/// A live move of a partition from its owner to another host, as the control log records it:
+/// one record per phase, under one id.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MoveRecord {
+    /// The move's id.
+    pub id: String,
+    /// The pipeline.
+    pub pipeline: String,
+    /// The partition.
+    pub partition: String,
+    /// The owner when the move began.
+    pub from: String,
+    /// The host it moves to.
+    pub to: String,
+    /// The phase reached.
+    pub phase: MovePhase,
+    /// With `done`: milliseconds during which neither host processed the partition, from the
+    /// old owner's final commit to the new owner's first guest call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_ms: Option<f64>,
+    /// With `abandoned`: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When the phase was reached (ms since the Unix epoch).
+    pub at: i64,
+}
+
+/// Moves kept per partition in the catalog (the newest).
+pub const MOVES_KEPT: usize = 10;
 
 /// A partition's owner from an epoch on, as the controller decided it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
@@ -273,6 +331,17 @@ pub struct Catalog {
     pub deleted: BTreeMap<String, PipelineRecord>,
     /// The newest assignment of every partition of the pipelines, by partition id.
     pub assignments: BTreeMap<String, AssignmentRecord>,
+    /// The last moves of every partition, oldest first, by partition id.
+    pub moves: BTreeMap<String, Vec<MoveRecord>>,
+}
+
+impl Catalog {
+    /// The move of `partition` under way (not done nor abandoned), if any.
+    pub fn move_under_way(&self, partition: &str) -> Option<&MoveRecord> {
+        self.moves
+            .get(partition)
+            .and_then(|m| m.iter().rev().find(|m| !m.phase.ended()))
+    }
 }
 
 impl Catalog {
@@ -297,8 +366,27 @@ impl Catalog {
                     self.assignments.insert(a.partition.clone(), a);
                 }
             }
+            ControlEvent::Move(m) => {
+                if !self.pipelines.contains_key(&m.pipeline) {
+                    return;
+                }
+                let moves = self.moves.entry(m.partition.clone()).or_default();
+                match moves.iter_mut().find(|old| old.id == m.id) {
+                    // A phase never goes back, and an ended move stays ended.
+                    Some(old) if !old.phase.ended() && m.phase > old.phase => *old = m,
+                    Some(_) => {}
+                    None => {
+                        moves.push(m);
+                        if moves.len() > MOVES_KEPT {
+                            moves.remove(0);
+                        }
+                    }
+                }
+            }
             ControlEvent::PipelineDeleted(d) => {
                 self.assignments.retain(|_, a| a.pipeline != d.pipeline);
+                self.moves
+                    .retain(|_, m| m.iter().all(|m| m.pipeline != d.pipeline));
                 let record = self
                     .pipelines
                     .remove(&d.pipeline)

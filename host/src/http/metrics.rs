@@ -119,6 +119,35 @@ fn text(baton: &crate::Baton) -> String {
             .collect(),
     );
     family(
+        "baton_last_move_pause_seconds",
+        "gauge",
+        "The pause of the partition's last live move: from the old owner's final commit to the \
+         new owner's first guest call.",
+        infos
+            .iter()
+            .filter_map(|p| {
+                p.last_pause_ms
+                    .map(|ms| (labels(&p.pipeline, &p.id), ms / 1e3))
+            })
+            .collect(),
+    );
+    family(
+        "baton_moves_total",
+        "counter",
+        "Live moves of the partition that are done (the catalog keeps the last ten).",
+        infos
+            .iter()
+            .map(|p| {
+                let done = p
+                    .moves
+                    .iter()
+                    .filter(|m| m.phase == crate::control::MovePhase::Done)
+                    .count();
+                (labels(&p.pipeline, &p.id), done as f64)
+            })
+            .collect(),
+    );
+    family(
         "baton_swaps_total",
         "counter",
         "Module versions switched to.",
@@ -169,6 +198,27 @@ fn text(baton: &crate::Baton) -> String {
         );
     }
     // Per host.
+    let pauses = baton.move_pauses();
+    let _ = writeln!(
+        out,
+        "# HELP baton_move_pause_seconds Pauses of the live moves this host took over.\n\
+         # TYPE baton_move_pause_seconds summary"
+    );
+    for q in [0.5, 0.99, 1.0] {
+        if let Some(v) = crate::cluster::moves::quantile(&pauses, q) {
+            let _ = writeln!(
+                out,
+                "baton_move_pause_seconds{{quantile=\"{q}\"}} {}",
+                v / 1e3
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "baton_move_pause_seconds_sum {}\nbaton_move_pause_seconds_count {}",
+        pauses.iter().sum::<f64>() / 1e3,
+        pauses.len()
+    );
     let env = baton.state_env();
     let stats = env.cache_stats();
     for (name, kind, help, v) in [

@@ -50,6 +50,74 @@ pub struct PartitionInfo {
     /// Replays of dead letters in progress, per slot.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replay: Vec<ReplayProgress>,
+    /// The owner's role: `active` (it processes the partition).
+    #[serde(default)]
+    pub role: Role,
+    /// Other hosts keeping a copy of its state: warming for a move, or standbys.
+    #[serde(default)]
+    pub replicas: Vec<ReplicaInfo>,
+    /// The pause of its last move (ms): from the old owner's final commit to the new owner's
+    /// first guest call.
+    #[serde(default)]
+    pub last_pause_ms: Option<f64>,
+    /// Its last moves, oldest first.
+    #[serde(default)]
+    pub moves: Vec<crate::control::MoveRecord>,
+}
+
+impl PartitionInfo {
+    /// A row for a partition nothing is known of yet but its assignment.
+    pub fn placeholder(id: &str, pipeline: &str, slots: [u32; 2], owner: &str, epoch: u64) -> Self {
+        PartitionInfo {
+            id: id.to_string(),
+            pipeline: pipeline.to_string(),
+            slots,
+            owner: owner.to_string(),
+            epoch,
+            state: PartitionState::Starting,
+            restore: None,
+            error: None,
+            offsets: Vec::new(),
+            lag: 0,
+            records: 0,
+            dead_letters: 0,
+            last_error: None,
+            time_ms: Default::default(),
+            version: String::new(),
+            last_swap: None,
+            replay: Vec::new(),
+            role: Role::Active,
+            replicas: Vec::new(),
+            last_pause_ms: None,
+            moves: Vec::new(),
+        }
+    }
+}
+
+/// What a host does with a partition.
+#[derive(
+    Debug, Clone, Copy, Default, Serialize, serde::Deserialize, PartialEq, Eq, schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    /// It processes the partition.
+    #[default]
+    Active,
+    /// It restores and tails the partition's changelog to take it over (a move).
+    Warming,
+    /// It keeps a warm copy, promoted if the owner fails.
+    Standby,
+}
+
+/// A copy of a partition's state on another host than its owner.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, schemars::JsonSchema)]
+pub struct ReplicaInfo {
+    /// The host keeping it.
+    pub host: String,
+    /// `warming` or `standby`.
+    pub role: Role,
+    /// Changelog records it has not applied yet.
+    pub lag: u64,
 }
 
 /// A pipeline as `GET /api/v1/pipelines` shows it.

@@ -342,6 +342,40 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
             errors: &[],
         },
         Op {
+            method: "post",
+            path: "/api/v1/partitions/{id}/move",
+            summary: "Moves a partition to another host while it runs. Answers 202 {\"move\": id} at once. The target restores the partition from its changelogs and tails them while the owner goes on; once it is close, the owner stops at a batch boundary and commits, and the target catches up and takes over at the next epoch. Progress (warming, handoff, done with pause_ms, or abandoned with a reason) shows in the partition's `moves`. 409 when the partition is moving already or the host owns it; 400 for a host that is not a live member.",
+            params: &[("id", "path", true, "Partition id.", "string")],
+            request: Some((
+                "application/json",
+                s(|g| g.subschema_for::<crate::cluster::moves::MoveRequest>()),
+            )),
+            ok: (
+                202,
+                "application/json",
+                Some(s(|g| {
+                    g.subschema_for::<crate::cluster::moves::MoveAccepted>()
+                })),
+            ),
+            errors: &[400, 401, 404, 409, 503],
+        },
+        Op {
+            method: "post",
+            path: "/api/v1/partitions/{id}/drain",
+            summary: "Between hosts, during a move's handoff: the owner stops the partition at a batch boundary, commits what is pending, holds it for the move's target, and answers the offsets committed. 409 when that move is not under way from this host.",
+            params: &[("id", "path", true, "Partition id.", "string")],
+            request: Some((
+                "application/json",
+                s(|g| g.subschema_for::<crate::cluster::moves::DrainRequest>()),
+            )),
+            ok: (
+                200,
+                "application/json",
+                Some(s(|g| g.subschema_for::<crate::cluster::moves::Drained>())),
+            ),
+            errors: &[400, 401, 409, 503],
+        },
+        Op {
             method: "get",
             path: "/api/v1/hosts",
             summary: "The hosts of the cluster: id, address, alive, controller, load, last heartbeat.",

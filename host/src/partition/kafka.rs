@@ -23,7 +23,7 @@ use super::io::{
 };
 use super::{changelog_offset_key, input_offset_key};
 use crate::control::{Guarantee, PipelineRecord};
-use crate::state::{PartitionDb, WriteOp, slot_key};
+use crate::state::PartitionDb;
 use crate::transport::LogRecord;
 use crate::transport::kafka::{BatchProducer, GroupMetadata, InputConsumer, KafkaTransport};
 
@@ -65,7 +65,6 @@ pub struct KafkaIo {
     /// Under at-least-once, the offsets of the commit in flight, committed to the group once
     /// it is done.
     group_offsets: Option<Vec<(String, u32, u64)>>,
-    changelogs: Vec<String>,
     ends: HashMap<(usize, u32), (u64, Instant)>,
     /// The topics read: inputs, and the dead-letter topic during a replay.
     sources: Sources,
@@ -123,7 +122,6 @@ impl KafkaIo {
             consumer,
             committer,
             group_offsets: None,
-            changelogs,
             ends: HashMap::new(),
             restored: 0,
             sources,
@@ -147,42 +145,9 @@ impl PartitionIo for KafkaIo {
         progress: &dyn Fn(RestoreProgress),
     ) -> anyhow::Result<()> {
         let started = Instant::now();
-        let reader = self
-            .transport
-            .input_consumer(&format!("{}.restore", self.pipeline.group_id()))?;
-        // Per changelog partition: where RocksDB is, and where the changelog ends.
-        let mut todo: Vec<(usize, u32, u64, u64)> = Vec::new();
-        let stores = self.pipeline.spec.state_stores();
-        for (si, topic) in self.changelogs.iter().enumerate() {
-            let store = &stores[si];
-            for slot in self.slots.clone() {
-                let key = changelog_offset_key(store, slot);
-                let mut local = db.get_meta_u64(&key)?.unwrap_or(0);
-                let hi = reader.high_watermark(topic, slot)?;
-                let lo = reader.low_watermark(topic, slot)?;
-                // State ahead of its changelog (the topic was deleted, recreated or truncated)
-                // or behind what the changelog still holds: the changelog is the truth, so the
-                // slot's state is wiped and restored from it, as Kafka Streams does.
-                if local > hi || (local > 0 && local < lo) {
-                    tracing::warn!(
-                        changelog = %topic,
-                        slot,
-                        local,
-                        low = lo,
-                        high = hi,
-                        "the state of this slot does not match its changelog (the changelog was \
-                         deleted, recreated or truncated); wiping it and restoring from the changelog"
-                    );
-                    db.wipe_slot(si, slot, &[key])?;
-                    local = 0;
-                }
-                let start = local.max(lo);
-                if start < hi {
-                    todo.push((si, slot, start, hi));
-                }
-            }
-        }
-        let total: u64 = todo.iter().map(|t| t.3 - t.2).sum();
+        let mut tail =
+            super::tail::Tail::open(&self.transport, &self.pipeline, self.slots.clone(), db)?;
+        let total = tail.behind();
         let report = |done: u64, finished: bool| {
             let secs = started.elapsed().as_secs_f64().max(1e-3);
             progress(RestoreProgress {
@@ -193,60 +158,20 @@ impl PartitionIo for KafkaIo {
             });
         };
         self.restored = 0;
-        if todo.is_empty() {
+        if tail.caught_up() {
             report(0, true);
             return Ok(());
         }
-        tracing::info!(
-            partitions = todo.len(),
-            records = total,
-            "restoring state from the changelog"
-        );
-        reader.assign(
-            &todo
-                .iter()
-                .map(|(si, slot, start, _)| (self.changelogs[*si].clone(), *slot, *start))
-                .collect::<Vec<_>>(),
-        )?;
+        tracing::info!(records = total, "restoring state from the changelog");
         let mut done = 0u64;
-        let mut pending: Vec<(usize, u32, u64, u64)> = todo;
         let mut last_progress = Instant::now();
         let mut last_log = Instant::now();
-        while !pending.is_empty() {
-            let fetched = reader.fetch(10_000, Duration::from_millis(200));
-            let mut writes = Vec::new();
-            let mut meta = Vec::new();
-            for f in &fetched {
-                let Some(si) = self.changelogs.iter().position(|t| *t == f.topic) else {
-                    continue;
-                };
-                for r in &f.records {
-                    let key = slot_key(f.partition, r.record.key.as_deref().unwrap_or_default());
-                    writes.push(WriteOp {
-                        store: si,
-                        key,
-                        value: r.record.value.clone(),
-                    });
-                }
-                if let Some(last) = f.records.last() {
-                    meta.push((
-                        changelog_offset_key(&stores[si], f.partition),
-                        Some((last.offset + 1).to_be_bytes().to_vec()),
-                    ));
-                }
-                done += f.records.len() as u64;
-            }
-            if !writes.is_empty() {
-                db.commit(writes.iter().map(WriteOp::as_ref), &meta)?;
+        while !tail.caught_up() {
+            let n = tail.poll(db, Duration::from_millis(200))?;
+            if n > 0 {
                 last_progress = Instant::now();
             }
-            // A changelog partition is done once the reader's position passed its end
-            // (transaction markers and aborted records take offsets too).
-            pending.retain(|(si, slot, _, hi)| {
-                reader
-                    .position(&self.changelogs[*si], *slot)
-                    .is_none_or(|p| p < *hi)
-            });
+            done += n;
             if last_log.elapsed() > Duration::from_secs(2) {
                 tracing::info!(done, total, "restoring");
                 last_log = Instant::now();

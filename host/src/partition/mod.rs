@@ -13,6 +13,7 @@ pub mod io;
 pub mod kafka;
 pub mod supervisor;
 pub mod swap;
+pub mod tail;
 
 pub use commands::{Command, Inbox, Wants};
 pub use events::{Event, EventKind, EventLog};
@@ -194,6 +195,9 @@ pub struct PartitionStatus {
     pub panics: AtomicU64,
     /// Replays of dead letters in progress.
     pub replay: Mutex<Vec<ReplayProgress>>,
+    /// When the partition could first process here: its first guest call, or its first fetch
+    /// that found nothing to process (the end of a move's pause).
+    pub first_call: Mutex<Option<Instant>>,
 }
 
 /// Cumulative time of the partition loop by step, in microseconds.
@@ -328,6 +332,7 @@ impl PartitionStatus {
             version: Mutex::new(String::new()),
             panics: AtomicU64::new(0),
             replay: Mutex::new(Vec::new()),
+            first_call: Mutex::new(None),
         }
     }
 }
@@ -807,6 +812,7 @@ impl PartitionTask {
         let time = &self.status.time;
         let mut pending = Pending::default();
         let mut last_time_check = Instant::now();
+        let mut ready = false;
         loop {
             let wants = self.inbox.wants();
             if wants == Wants::Fence {
@@ -874,6 +880,10 @@ impl PartitionTask {
                 .fetch(&next, max_batch, wait)
                 .map_err(SessionError::from_io)?;
             let started = add_elapsed(&time.fetch_us, fetch_started);
+            if !ready {
+                ready = true;
+                self.status.first_call.lock().get_or_insert(started);
+            }
             // Processing-time timers and expiries fall due without records: every slot is
             // checked now and then, a quiet one too.
             if last_time_check.elapsed() >= TIME_CHECK {

@@ -14,7 +14,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::control::PipelineRecord;
-use crate::http::model::{PartitionInfo, PartitionState};
+use crate::http::model::{PartitionInfo, PartitionState, Role};
 use crate::partition::kafka::KafkaIo;
 use crate::partition::{
     Command, EmbeddedIo, EventLog, Inbox, IoFactory, ModuleTarget, PartitionIo, PartitionStatus,
@@ -316,6 +316,7 @@ impl Baton {
         for h in &gone {
             h.join();
             self.partitions.write().remove(&h.id);
+            self.held.lock().remove(&h.id);
         }
         for a in assignments {
             let running = self.partitions.read().get(&a.id).cloned();
@@ -323,6 +324,8 @@ impl Baton {
                 Some(h) if !h.ended() => {
                     h.epoch.fetch_max(a.epoch, Ordering::Relaxed);
                 }
+                // Drained for a move: held for its new owner.
+                Some(_) if self.held.lock().contains_key(&a.id) => {}
                 // Its loop ended (drained, fenced, or failed for good): a new one starts.
                 Some(h) => {
                     h.join();
@@ -340,12 +343,7 @@ impl Baton {
         let record = &run.record;
         let spec = &record.spec;
         let (id, slots) = (a.id.clone(), a.slots.clone());
-        let path = self
-            .config
-            .data_dir
-            .join("state")
-            .join(&spec.name)
-            .join(&id);
+        let path = self.partition_path(&spec.name, &id);
         let db = self.state.open_shared(&path, &spec.state_stores())?;
         let status = Arc::new(PartitionStatus::new());
         let (commands, inbox) = Inbox::channel();
@@ -489,31 +487,73 @@ impl Baton {
             }
             let seen = reported
                 .get(&a.owner)
-                .and_then(|ps| ps.iter().find(|p| p.id == a.partition))
+                .and_then(|ps| {
+                    ps.iter()
+                        .find(|p| p.id == a.partition && p.role == Role::Active)
+                })
                 .filter(|p| p.epoch >= a.epoch)
                 .cloned();
-            let row = seen.unwrap_or_else(|| PartitionInfo {
-                id: a.partition.clone(),
-                pipeline: a.pipeline.clone(),
-                slots: a.slots,
-                owner: a.owner.clone(),
-                epoch: a.epoch,
-                state: PartitionState::Starting,
-                restore: None,
-                error: None,
-                offsets: Vec::new(),
-                lag: 0,
-                records: 0,
-                dead_letters: 0,
-                last_error: None,
-                time_ms: Default::default(),
-                version: String::new(),
-                last_swap: None,
-                replay: Vec::new(),
+            let row = seen.unwrap_or_else(|| {
+                PartitionInfo::placeholder(&a.partition, &a.pipeline, a.slots, &a.owner, a.epoch)
             });
             table.insert(a.partition.clone(), row);
         }
+        // Copies of the state on other hosts than the owner, and the moves.
+        let mut replicas: Vec<(String, crate::http::model::ReplicaInfo)> = self.local_replicas();
+        for (host, rows) in &reported {
+            if *host == self.host_id {
+                continue;
+            }
+            for r in rows.iter().filter(|r| r.role != Role::Active) {
+                replicas.push((
+                    r.id.clone(),
+                    crate::http::model::ReplicaInfo {
+                        host: host.clone(),
+                        role: r.role,
+                        lag: r.lag,
+                    },
+                ));
+            }
+        }
+        let moves = self.catalog.lock().moves.clone();
+        for row in table.values_mut() {
+            row.replicas = replicas
+                .iter()
+                .filter(|(p, r)| *p == row.id && r.host != row.owner)
+                .map(|(_, r)| r.clone())
+                .collect();
+            if let Some(m) = moves.get(&row.id) {
+                row.last_pause_ms = m
+                    .iter()
+                    .rev()
+                    .find(|m| m.phase == crate::control::MovePhase::Done)
+                    .and_then(|m| m.pause_ms);
+                row.moves = m.clone();
+            }
+        }
         table.into_values().collect()
+    }
+
+    /// This host's rows for the other hosts' partition tables: its partitions, and the
+    /// copies of partitions it keeps (with their role).
+    pub(crate) fn reported_rows(&self) -> Vec<PartitionInfo> {
+        let mut rows = self.local_partitions();
+        let epochs: std::collections::BTreeMap<String, (String, [u32; 2], u64)> = self
+            .catalog
+            .lock()
+            .assignments
+            .iter()
+            .map(|(id, a)| (id.clone(), (a.pipeline.clone(), a.slots, a.epoch)))
+            .collect();
+        for (id, r) in self.local_replicas() {
+            if let Some((pipeline, slots, epoch)) = epochs.get(&id) {
+                let mut row = PartitionInfo::placeholder(&id, pipeline, *slots, &r.host, *epoch);
+                row.role = r.role;
+                row.lag = r.lag;
+                rows.push(row);
+            }
+        }
+        rows
     }
 
     /// The partitions running on this host.
@@ -550,6 +590,10 @@ impl Baton {
                     version: h.status.version.lock().clone(),
                     last_swap: h.status.swap.last.lock().clone(),
                     replay: h.status.replay.lock().clone(),
+                    role: Role::Active,
+                    replicas: Vec::new(),
+                    last_pause_ms: None,
+                    moves: Vec::new(),
                 }
             })
             .collect()

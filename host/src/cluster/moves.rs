@@ -1,0 +1,577 @@
+//! Live moves of a partition from its owner to another host.
+//!
+//! 1. **Warming.** `POST /api/v1/partitions/{id}/move` records a `move` event (phase `warming`)
+//!    in the control log. The target opens the partition's RocksDB, restores it from the
+//!    changelogs and keeps tailing them (a warming replica) while the owner goes on processing.
+//! 2. **Handoff.** Once the target is at most [`HANDOFF_LAG`] records behind, it records
+//!    `handoff` and asks the owner to drain: the owner's loop stops at a batch boundary, commits
+//!    what is pending, and answers with its final offsets. The owner holds the drained partition
+//!    (does not restart it) while the move goes on.
+//! 3. **Take-over.** The target reads the changelogs to their end (the final commit's writes),
+//!    records the partition's assignment to itself at the next epoch, and starts it: the
+//!    session's producer fences the old owner's transactional id, the restore finds nothing
+//!    left to read, and processing goes on from the offsets the final commit stored. The move
+//!    is `done` with its pause: from the old owner's final commit to the new owner's first
+//!    guest call (or its first empty fetch when no record waits).
+//!
+//! A move that fails (the target cannot warm up in time, the owner does not drain, a host
+//! leaves) is `abandoned` with a reason, and the owner carries on: it restarts a partition it
+//! drained when it reads the abandonment, or when [`DRAINED_HOLD`] passes without a new owner.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::app::Baton;
+use crate::control::{AssignmentRecord, ControlEvent, MovePhase, MoveRecord, now_ms};
+use crate::error::{Error, Result};
+use crate::http::model::{ReplicaInfo, Role};
+use crate::partition::tail::Tail;
+
+/// A target this many changelog records (or fewer) behind the owner asks it to hand off.
+pub const HANDOFF_LAG: u64 = 2_000;
+/// A target that is not within [`HANDOFF_LAG`] of the owner this long after the move began
+/// gives up: it cannot keep up.
+pub const WARMING_TIMEOUT: Duration = Duration::from_secs(180);
+/// How long an owner waits for its partition's loop to drain.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long an owner holds a drained partition for its new owner before it resumes it.
+pub const DRAINED_HOLD: Duration = Duration::from_secs(20);
+/// How long the new owner waits for its first guest call before it records the move done
+/// without a pause.
+const FIRST_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A copy of a partition's state this host keeps up to date without processing it.
+pub struct Replica {
+    /// The partition.
+    pub partition: String,
+    /// `warming` (a move's target) or `standby`.
+    pub role: Role,
+    /// Changelog records not applied yet.
+    pub behind: AtomicU64,
+}
+
+/// The owner's answer to a drain: it stopped and committed.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Drained {
+    /// The move.
+    #[serde(rename = "move")]
+    pub move_id: String,
+    /// Microseconds from the final commit to this answer.
+    pub since_commit_us: u64,
+    /// The offsets the final commit stored, where the new owner goes on.
+    pub offsets: Vec<crate::partition::SlotProgress>,
+}
+
+/// The body of `POST /api/v1/partitions/{id}/move`.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MoveRequest {
+    /// The host id to move the partition to.
+    pub to: String,
+}
+
+/// The answer to a move request: the move's id, to follow in the partition's `moves`.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct MoveAccepted {
+    /// The move's id.
+    #[serde(rename = "move")]
+    pub move_id: String,
+}
+
+/// The body of the owner's drain call (`POST /api/v1/partitions/{id}/drain`).
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DrainRequest {
+    /// The move the drain is for.
+    #[serde(rename = "move")]
+    pub move_id: String,
+}
+
+impl Baton {
+    /// Begins moving `partition` to host `to`; answers the move's id at once. The move goes on
+    /// in the background: its phases show in the partition's `moves`.
+    pub fn request_move(&self, partition: &str, to: &str) -> Result<String> {
+        if self.kafka.is_none() {
+            return Err(Error::BadRequest(
+                "moves need a cluster: this host runs on the embedded log, alone".into(),
+            ));
+        }
+        let _control = self.control.lock();
+        self.catch_up_control(Duration::from_secs(2));
+        let (assignment, under_way) = {
+            let catalog = self.catalog.lock();
+            (
+                catalog.assignments.get(partition).cloned(),
+                catalog.move_under_way(partition).cloned(),
+            )
+        };
+        let Some(a) = assignment else {
+            return Err(Error::NotFound(format!("no partition `{partition}`")));
+        };
+        if a.owner == to {
+            return Err(Error::Conflict(format!(
+                "host `{to}` owns partition `{partition}` already"
+            )));
+        }
+        let alive: Vec<String> = self
+            .hosts()
+            .into_iter()
+            .filter(|h| h.alive)
+            .map(|h| h.id)
+            .collect();
+        if !alive.iter().any(|h| h == to) {
+            return Err(Error::BadRequest(format!(
+                "host `{to}` is not a live member of the cluster (live: {})",
+                alive.join(", ")
+            )));
+        }
+        if let Some(m) = under_way {
+            return Err(Error::Conflict(format!(
+                "partition `{partition}` is moving already (move {} to `{}`, {:?})",
+                m.id, m.to, m.phase
+            )));
+        }
+        let record = MoveRecord {
+            id: format!("{partition}.{}.{:x}", a.epoch, now_ms()),
+            pipeline: a.pipeline.clone(),
+            partition: partition.to_string(),
+            from: a.owner.clone(),
+            to: to.to_string(),
+            phase: MovePhase::Warming,
+            pause_ms: None,
+            reason: None,
+            at: now_ms(),
+        };
+        let event = ControlEvent::Move(record.clone());
+        self.append_control(&event)?;
+        self.catalog.lock().apply(event);
+        tracing::info!(move_id = %record.id, partition, from = %a.owner, to, "move requested");
+        self.on_move(&record);
+        Ok(record.id)
+    }
+
+    /// What a move record means for this host: a target starts warming; an owner whose move
+    /// was abandoned resumes the partition it drained.
+    pub(crate) fn on_move(&self, m: &MoveRecord) {
+        match m.phase {
+            MovePhase::Warming if m.to == self.host_id => {
+                let (me, m) = (self.me.clone(), m.clone());
+                let spawned = std::thread::Builder::new()
+                    .name(format!("baton-move-{}", m.partition))
+                    .spawn(move || {
+                        if let Some(b) = me.upgrade() {
+                            b.drive_move(m);
+                        }
+                    });
+                if let Err(e) = spawned {
+                    tracing::error!("starting a move: {e}");
+                }
+            }
+            MovePhase::Abandoned | MovePhase::Done if m.from == self.host_id => {
+                if self.held.lock().remove(&m.partition).is_some() {
+                    self.follow_assignments(&m.pipeline);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Appends a later phase of `m`, and applies it here.
+    fn record_move(
+        &self,
+        m: &MoveRecord,
+        phase: MovePhase,
+        pause_ms: Option<f64>,
+        reason: Option<String>,
+    ) {
+        let next = MoveRecord {
+            phase,
+            pause_ms,
+            reason,
+            at: now_ms(),
+            ..m.clone()
+        };
+        let event = ControlEvent::Move(next.clone());
+        let _control = self.control.lock();
+        if let Err(e) = self.append_control(&event) {
+            tracing::warn!(move_id = %m.id, "recording the move's phase {phase:?}: {e}");
+        }
+        self.catalog.lock().apply(event);
+        drop(_control);
+        self.on_move(&next);
+    }
+
+    /// The target's side of a move, from warming to done or abandoned.
+    fn drive_move(&self, m: MoveRecord) {
+        let started = Instant::now();
+        let outcome = self.warm_and_take_over(&m);
+        self.replicas.write().remove(&m.partition);
+        match outcome {
+            Ok(pause) => {
+                if let Some(p) = pause {
+                    self.pauses.lock().push(p);
+                }
+                tracing::info!(
+                    move_id = %m.id, partition = %m.partition, pause_ms = ?pause,
+                    secs = started.elapsed().as_secs_f64(), "move done"
+                );
+                self.record_move(&m, MovePhase::Done, pause, None);
+            }
+            Err(reason) => {
+                tracing::warn!(move_id = %m.id, partition = %m.partition, "move abandoned: {reason}");
+                self.record_move(&m, MovePhase::Abandoned, None, Some(reason));
+            }
+        }
+    }
+
+    /// Whether move `m` is still under way in the catalog (nobody abandoned it).
+    fn still_moving(&self, m: &MoveRecord) -> bool {
+        self.catalog
+            .lock()
+            .move_under_way(&m.partition)
+            .is_some_and(|u| u.id == m.id)
+    }
+
+    /// Warms a replica of `m`'s partition, has the owner drain it, and takes it over; answers
+    /// the pause (ms) when the first guest call came in time.
+    fn warm_and_take_over(&self, m: &MoveRecord) -> std::result::Result<Option<f64>, String> {
+        let kafka = self.kafka.clone().ok_or("no Kafka")?;
+        let (record, assignment) = {
+            let catalog = self.catalog.lock();
+            (
+                catalog.pipelines.get(&m.pipeline).cloned(),
+                catalog.assignments.get(&m.partition).cloned(),
+            )
+        };
+        let record = record.ok_or_else(|| format!("pipeline `{}` is gone", m.pipeline))?;
+        let assignment = assignment.ok_or("the partition has no assignment")?;
+        if assignment.owner != m.from {
+            return Err(format!(
+                "the partition's owner is `{}` now, not `{}`",
+                assignment.owner, m.from
+            ));
+        }
+        let slots = assignment.slots[0]..assignment.slots[1];
+        let path = self.partition_path(&m.pipeline, &m.partition);
+        let db = self
+            .state
+            .open_shared(&path, &record.spec.state_stores())
+            .map_err(|e| format!("opening the partition's state here: {e}"))?;
+        let mut tail = Tail::open(&kafka, &record, slots.clone(), &db)
+            .map_err(|e| format!("reading the changelogs: {e:#}"))?;
+        let replica = Arc::new(Replica {
+            partition: m.partition.clone(),
+            role: Role::Warming,
+            behind: AtomicU64::new(tail.behind()),
+        });
+        self.replicas
+            .write()
+            .insert(m.partition.clone(), replica.clone());
+
+        // Warming: keep up with the owner until close enough.
+        let deadline = Instant::now() + WARMING_TIMEOUT;
+        let mut refreshed = Instant::now();
+        loop {
+            if !self.still_moving(m) {
+                return Err("abandoned while warming".into());
+            }
+            tail.poll(&db, Duration::from_millis(50))
+                .map_err(|e| format!("applying the changelogs: {e:#}"))?;
+            if refreshed.elapsed() >= Duration::from_millis(200) || tail.caught_up() {
+                let behind = tail
+                    .refresh()
+                    .map_err(|e| format!("reading the changelogs' ends: {e:#}"))?;
+                replica.behind.store(behind, Ordering::Relaxed);
+                refreshed = Instant::now();
+                if behind <= HANDOFF_LAG {
+                    break;
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the target stayed {} changelog records behind the owner for {}s",
+                    replica.behind.load(Ordering::Relaxed),
+                    WARMING_TIMEOUT.as_secs()
+                ));
+            }
+        }
+
+        // Handoff: the owner stops at a batch boundary and commits.
+        self.record_move(m, MovePhase::Handoff, None, None);
+        let owner_url = self
+            .hosts()
+            .into_iter()
+            .find(|h| h.id == m.from && h.alive)
+            .map(|h| h.address)
+            .ok_or_else(|| format!("the owner `{}` left the cluster", m.from))?;
+        let drained: Drained = post_json(
+            &owner_url,
+            &format!("/api/v1/partitions/{}/drain", m.partition),
+            &DrainRequest {
+                move_id: m.id.clone(),
+            },
+            self.config.token.as_deref(),
+            DRAIN_TIMEOUT + Duration::from_secs(5),
+        )
+        .map_err(|e| format!("the owner `{}` did not drain: {e}", m.from))?;
+        let final_commit = Instant::now()
+            .checked_sub(Duration::from_micros(drained.since_commit_us))
+            .unwrap_or_else(Instant::now);
+
+        // Catch up to the final commit's changelog records.
+        let catch_up = Instant::now() + Duration::from_secs(30);
+        tail.refresh()
+            .map_err(|e| format!("reading the changelogs' ends: {e:#}"))?;
+        while !tail.caught_up() {
+            tail.poll(&db, Duration::from_millis(5))
+                .map_err(|e| format!("applying the changelogs: {e:#}"))?;
+            if Instant::now() > catch_up {
+                return Err("the final changelog records did not arrive within 30 s".into());
+            }
+        }
+        drop(tail);
+
+        // Take over, at the next epoch.
+        let current = self.catalog.lock().assignments.get(&m.partition).cloned();
+        let epoch = current.map_or(assignment.epoch, |a| a.epoch.max(assignment.epoch)) + 1;
+        let a = AssignmentRecord {
+            owner: self.host_id.clone(),
+            epoch,
+            at: now_ms(),
+            ..assignment
+        };
+        {
+            let _control = self.control.lock();
+            let event = ControlEvent::Assigned(a.clone());
+            self.append_control(&event)
+                .map_err(|e| format!("recording the new owner: {e}"))?;
+            self.catalog.lock().apply(event);
+        }
+        self.follow_assignments(&m.pipeline);
+        drop(db);
+
+        // The pause ends at the new owner's first guest call.
+        let until = Instant::now() + FIRST_CALL_TIMEOUT;
+        while Instant::now() < until {
+            let ready = self
+                .partitions
+                .read()
+                .get(&m.partition)
+                .and_then(|h| *h.status.first_call.lock());
+            if let Some(at) = ready {
+                return Ok(Some(
+                    at.saturating_duration_since(final_commit).as_secs_f64() * 1e3,
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        tracing::warn!(partition = %m.partition, "no first guest call within 30 s of the take-over");
+        Ok(None)
+    }
+
+    /// The owner's side of a handoff: stops the partition's loop at a batch boundary with what
+    /// was pending committed, holds it stopped for the new owner, and answers the offsets
+    /// committed.
+    pub fn drain_for_move(&self, partition: &str, move_id: &str) -> Result<Drained> {
+        self.catch_up_control(Duration::from_secs(2));
+        let under_way = self.catalog.lock().move_under_way(partition).cloned();
+        match under_way {
+            Some(m) if m.id == move_id && m.from == self.host_id => {}
+            Some(m) if m.id == move_id => {
+                return Err(Error::Conflict(format!(
+                    "move {move_id} is from `{}`, not this host (`{}`)",
+                    m.from, self.host_id
+                )));
+            }
+            _ => {
+                return Err(Error::Conflict(format!(
+                    "move {move_id} of partition `{partition}` is not under way"
+                )));
+            }
+        }
+        let handle = self
+            .partitions
+            .read()
+            .get(partition)
+            .cloned()
+            .ok_or_else(|| {
+                Error::Conflict(format!("partition `{partition}` does not run on this host"))
+            })?;
+        self.held
+            .lock()
+            .insert(partition.to_string(), Instant::now());
+        let Some(offsets) = handle.drain(DRAIN_TIMEOUT) else {
+            return Err(Error::Unavailable(format!(
+                "partition `{partition}` did not reach a batch boundary and commit within {}s",
+                DRAIN_TIMEOUT.as_secs()
+            )));
+        };
+        let committed = Instant::now();
+        handle.join();
+        // Resumed if nobody takes it over in time.
+        let (me, p, pipeline) = (
+            self.me.clone(),
+            partition.to_string(),
+            handle.pipeline.clone(),
+        );
+        let _ = std::thread::Builder::new()
+            .name("baton-hold".into())
+            .spawn(move || {
+                std::thread::sleep(DRAINED_HOLD);
+                if let Some(b) = me.upgrade() {
+                    let expired = {
+                        let mut held = b.held.lock();
+                        let expired = held.get(&p).is_some_and(|t| t.elapsed() >= DRAINED_HOLD);
+                        if expired {
+                            held.remove(&p);
+                        }
+                        expired
+                    };
+                    if expired {
+                        tracing::warn!(partition = %p, "nobody took the drained partition over: resuming it");
+                        b.follow_assignments(&pipeline);
+                    }
+                }
+            });
+        tracing::info!(partition, move_id, "drained for a move");
+        Ok(Drained {
+            move_id: move_id.to_string(),
+            since_commit_us: committed.elapsed().as_micros() as u64,
+            offsets,
+        })
+    }
+
+    /// The replicas this host keeps, as rows of the partition table.
+    pub(crate) fn local_replicas(&self) -> Vec<(String, ReplicaInfo)> {
+        self.replicas
+            .read()
+            .values()
+            .map(|r| {
+                (
+                    r.partition.clone(),
+                    ReplicaInfo {
+                        host: self.host_id.clone(),
+                        role: r.role,
+                        lag: r.behind.load(Ordering::Relaxed),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// Where a partition's RocksDB lives on this host.
+    pub(crate) fn partition_path(&self, pipeline: &str, partition: &str) -> std::path::PathBuf {
+        self.config
+            .data_dir
+            .join("state")
+            .join(pipeline)
+            .join(partition)
+    }
+
+    /// The controller's part: a move whose target left, or whose partition changed owner
+    /// otherwise, is abandoned.
+    pub(crate) fn stale_moves(&self, alive: &[String]) -> Vec<(MoveRecord, String)> {
+        let catalog = self.catalog.lock();
+        let mut stale = Vec::new();
+        for moves in catalog.moves.values() {
+            for m in moves.iter().filter(|m| !m.phase.ended()) {
+                let owner = catalog
+                    .assignments
+                    .get(&m.partition)
+                    .map(|a| a.owner.as_str());
+                if !alive.contains(&m.to) {
+                    stale.push((m.clone(), format!("the target `{}` left the cluster", m.to)));
+                } else if owner != Some(m.from.as_str()) && owner != Some(m.to.as_str()) {
+                    stale.push((
+                        m.clone(),
+                        format!(
+                            "the partition's owner changed to `{}`",
+                            owner.unwrap_or("-")
+                        ),
+                    ));
+                }
+            }
+        }
+        stale
+    }
+
+    /// Abandons a move (the controller, for a move whose hosts left).
+    pub(crate) fn abandon_move(&self, m: &MoveRecord, reason: String) {
+        tracing::warn!(move_id = %m.id, partition = %m.partition, "move abandoned: {reason}");
+        self.record_move(m, MovePhase::Abandoned, None, Some(reason));
+    }
+}
+
+/// Pauses of the moves this host took over, in ms (for `/metrics`).
+#[derive(Default)]
+pub struct Pauses {
+    all: Vec<f64>,
+}
+
+impl Pauses {
+    pub(crate) fn push(&mut self, ms: f64) {
+        self.all.push(ms);
+        if self.all.len() > 1000 {
+            self.all.remove(0);
+        }
+    }
+
+    /// The pauses kept, oldest first.
+    pub fn all(&self) -> &[f64] {
+        &self.all
+    }
+}
+
+/// The `q` quantile (0 to 1) of `values`, nearest rank; `None` when empty.
+pub fn quantile(values: &[f64], q: f64) -> Option<f64> {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len().max(1)) - 1;
+    v.get(i).copied()
+}
+
+impl Baton {
+    /// Pauses (ms) of the moves this host took over, oldest first.
+    pub fn move_pauses(&self) -> Vec<f64> {
+        self.pauses.lock().all().to_vec()
+    }
+}
+
+/// Posts `body` as JSON to `path` of the host at `base`; answers the JSON reply.
+fn post_json<B: Serialize, T: serde::de::DeserializeOwned>(
+    base: &str,
+    path: &str,
+    body: &B,
+    token: Option<&str>,
+    timeout: Duration,
+) -> std::result::Result<T, String> {
+    let url = format!("{}{path}", base.trim_end_matches('/'));
+    let call = async {
+        let mut req = reqwest::Client::new()
+            .post(&url)
+            .json(body)
+            .timeout(timeout);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let r = req.send().await.map_err(|e| e.to_string())?;
+        let status = r.status();
+        if status.is_success() {
+            r.json::<T>().await.map_err(|e| e.to_string())
+        } else {
+            Err(format!("{status}: {}", r.text().await.unwrap_or_default()))
+        }
+    };
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?
+        .block_on(call)
+}
+
+/// Partitions an owner drained for a move, with when: not restarted while held.
+pub type HeldPartitions = BTreeMap<String, Instant>;

@@ -1,0 +1,135 @@
+//! Reading a partition's changelogs into its RocksDB: once to their end (a session's restore),
+//! or on and on (a warming replica of a move, which keeps up with the owner until it takes
+//! over). RocksDB keeps, per store and slot, the changelog offset it has applied up to, so that
+//! a later restore goes on from there.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use super::changelog_offset_key;
+use crate::control::PipelineRecord;
+use crate::state::{PartitionDb, WriteOp, slot_key};
+use crate::transport::kafka::{InputConsumer, KafkaTransport};
+
+/// A reader of a partition's changelogs, from where its RocksDB is.
+pub struct Tail {
+    reader: InputConsumer,
+    changelogs: Vec<String>,
+    stores: Vec<String>,
+    /// Per changelog partition read: (store index, slot, offset read from, end last seen).
+    parts: Vec<(usize, u32, u64, u64)>,
+}
+
+impl Tail {
+    /// Opens a reader of the changelogs of `slots` of `pipeline`, positioned where `db` is.
+    ///
+    /// State ahead of its changelog (the topic was deleted, recreated or truncated) or behind
+    /// what the changelog still holds is wiped and read again from the changelog, which is the
+    /// truth, as Kafka Streams does.
+    pub fn open(
+        transport: &KafkaTransport,
+        pipeline: &PipelineRecord,
+        slots: Range<u32>,
+        db: &PartitionDb,
+    ) -> anyhow::Result<Tail> {
+        let reader = transport.input_consumer(&format!("{}.restore", pipeline.group_id()))?;
+        let stores = pipeline.spec.state_stores();
+        let changelogs: Vec<String> = stores.iter().map(|s| pipeline.changelog_topic(s)).collect();
+        let mut parts = Vec::new();
+        let mut assign = Vec::new();
+        for (si, topic) in changelogs.iter().enumerate() {
+            for slot in slots.clone() {
+                let key = changelog_offset_key(&stores[si], slot);
+                let mut local = db.get_meta_u64(&key)?.unwrap_or(0);
+                let hi = reader.high_watermark(topic, slot)?;
+                let lo = reader.low_watermark(topic, slot)?;
+                if local > hi || (local > 0 && local < lo) {
+                    tracing::warn!(
+                        changelog = %topic,
+                        slot,
+                        local,
+                        low = lo,
+                        high = hi,
+                        "the state of this slot does not match its changelog (the changelog was \
+                         deleted, recreated or truncated); wiping it and restoring from the changelog"
+                    );
+                    db.wipe_slot(si, slot, &[key])?;
+                    local = 0;
+                }
+                let start = local.max(lo);
+                parts.push((si, slot, start, hi));
+                assign.push((topic.clone(), slot, start));
+            }
+        }
+        reader.assign(&assign)?;
+        Ok(Tail {
+            reader,
+            changelogs,
+            stores,
+            parts,
+        })
+    }
+
+    /// Records between where each changelog partition is read to and its end last seen.
+    pub fn behind(&self) -> u64 {
+        self.parts
+            .iter()
+            .map(|&(si, slot, start, hi)| hi.saturating_sub(self.at(si, slot, start)))
+            .sum()
+    }
+
+    /// Where changelog partition `slot` of store `si` is read to.
+    fn at(&self, si: usize, slot: u32, start: u64) -> u64 {
+        self.reader
+            .position(&self.changelogs[si], slot)
+            .map_or(start, |p| p.max(start))
+    }
+
+    /// Whether every changelog partition is read to its end last seen (transaction markers and
+    /// aborted records take offsets too, so the position is what says so).
+    pub fn caught_up(&self) -> bool {
+        self.parts
+            .iter()
+            .all(|&(si, slot, start, hi)| self.at(si, slot, start) >= hi)
+    }
+
+    /// Asks the broker for the changelogs' ends again; answers how far behind them this is.
+    pub fn refresh(&mut self) -> anyhow::Result<u64> {
+        for (si, slot, _, hi) in &mut self.parts {
+            *hi = self.reader.high_watermark(&self.changelogs[*si], *slot)?;
+        }
+        Ok(self.behind())
+    }
+
+    /// Reads what is there (waiting up to `wait` for it) and applies it to `db` with the
+    /// offsets reached; answers how many records were applied.
+    pub fn poll(&mut self, db: &PartitionDb, wait: Duration) -> anyhow::Result<u64> {
+        let fetched = self.reader.fetch(10_000, wait);
+        let mut writes = Vec::new();
+        let mut meta = Vec::new();
+        let mut n = 0u64;
+        for f in &fetched {
+            let Some(si) = self.changelogs.iter().position(|t| *t == f.topic) else {
+                continue;
+            };
+            for r in &f.records {
+                writes.push(WriteOp {
+                    store: si,
+                    key: slot_key(f.partition, r.record.key.as_deref().unwrap_or_default()),
+                    value: r.record.value.clone(),
+                });
+            }
+            if let Some(last) = f.records.last() {
+                meta.push((
+                    changelog_offset_key(&self.stores[si], f.partition),
+                    Some((last.offset + 1).to_be_bytes().to_vec()),
+                ));
+            }
+            n += f.records.len() as u64;
+        }
+        if !writes.is_empty() {
+            db.commit(writes.iter().map(WriteOp::as_ref), &meta)?;
+        }
+        Ok(n)
+    }
+}

@@ -1,0 +1,357 @@
+//! Live moves: a partition moves to another host while records flow. The target warms up from
+//! the changelog, the owner stops at a batch boundary and commits, the target takes over at the
+//! next epoch; nothing is lost or counted twice, lookups are answered on any host throughout,
+//! and no two hosts ever show two owners of a partition at one epoch.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use baton_tests::{ChildHost, InProcess, cluster_name, kafka_bootstrap, kafka_lock, wait_for};
+use serde_json::{Value, json};
+
+async fn member(dir: &std::path::Path, cluster: &str, id: &str) -> anyhow::Result<InProcess> {
+    let (cluster, id) = (cluster.to_string(), id.to_string());
+    InProcess::start_configured(dir, Some(&kafka_bootstrap()), move |c| {
+        c.cluster = cluster;
+        c.host_id = Some(id);
+        c.session_timeout = Duration::from_secs(6);
+    })
+    .await
+}
+
+/// (id, owner, epoch) of every partition, as one host shows the table.
+async fn table(api: &baton_tests::Api) -> anyhow::Result<Vec<(String, String, u64)>> {
+    Ok(api
+        .partitions()
+        .await?
+        .iter()
+        .map(|p| {
+            (
+                p["id"].as_str().unwrap_or_default().to_string(),
+                p["owner"].as_str().unwrap_or_default().to_string(),
+                p["epoch"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect())
+}
+
+/// Asserts that no partition has two owners at one epoch, across every host's view and every
+/// view seen before.
+async fn check_one_owner(
+    apis: &[baton_tests::Api],
+    seen: &mut BTreeMap<(String, u64), String>,
+) -> anyhow::Result<()> {
+    for api in apis {
+        for (id, owner, epoch) in table(api).await? {
+            let before = seen
+                .entry((id.clone(), epoch))
+                .or_insert_with(|| owner.clone());
+            assert_eq!(
+                *before, owner,
+                "{id} at epoch {epoch} shown with two owners"
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn count_at(api: &baton_tests::Api, key: &str) -> anyhow::Result<Option<i64>> {
+    let r = api
+        .get(&format!("/api/v1/pipelines/wc/stores/counts/keys/{key}"))
+        .await?;
+    match r.status {
+        404 => Ok(None),
+        200 => Ok(r.body["value_i64"].as_i64()),
+        s => anyhow::bail!("lookup of {key}: {s} {}", r.body),
+    }
+}
+
+/// The partition's row, as `api` shows it.
+async fn row(api: &baton_tests::Api, id: &str) -> anyhow::Result<Value> {
+    api.partitions()
+        .await?
+        .into_iter()
+        .find(|p| p["id"] == id)
+        .ok_or_else(|| anyhow::anyhow!("no partition {id}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_move_live_with_exact_counts_and_answers_during_moves() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let moves: usize = std::env::var("BATON_TEST_MOVES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(6);
+    let dirs: Vec<_> = (0..3)
+        .map(|_| tempfile::tempdir())
+        .collect::<Result<_, _>>()?;
+    let cluster = cluster_name(dirs[2].path());
+    let mut hosts = Vec::new();
+    for (i, id) in ["a", "b"].iter().enumerate() {
+        hosts.push(member(dirs[i].path(), &cluster, id).await?);
+    }
+    let child = ChildHost::start(
+        dirs[2].path(),
+        &[
+            "--kafka",
+            &kafka_bootstrap(),
+            "--host-id",
+            "c",
+            "--session-timeout",
+            "6s",
+        ],
+    )
+    .await?;
+    let apis: Vec<baton_tests::Api> = hosts
+        .iter()
+        .map(|h| h.api.clone())
+        .chain([child.api.clone()])
+        .collect();
+    wait_for("three live hosts", Duration::from_secs(60), || async {
+        for api in &apis {
+            let r = api.get("/api/v1/hosts").await?;
+            let alive = r
+                .body
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|h| h["alive"] == true)
+                .count();
+            if alive != 3 {
+                return Ok(None);
+            }
+        }
+        Ok(Some(()))
+    })
+    .await?;
+
+    let input = baton_tests::unique("mv-in");
+    apis[0]
+        .upload_plugin("word-count", "word-count", "1")
+        .await?;
+    apis[0]
+        .create_pipeline(json!({
+            "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
+            "stores": ["counts"], "slots": 6, "partitions": 3,
+            "guarantee": "exactly-once"
+        }))
+        .await?;
+    wait_for(
+        "every partition running",
+        Duration::from_secs(60),
+        || async {
+            let ps = apis[0].partitions().await?;
+            Ok((ps.len() == 3 && ps.iter().all(|p| p["state"] == "running")).then_some(()))
+        },
+    )
+    .await?;
+
+    // Probe keys, produced once: their counts must be answered exactly on every host while
+    // the partitions move.
+    let producer = baton_tests::TestProducer::new()?;
+    let probes: Vec<String> = (0..30).map(|i| format!("probe{i}")).collect();
+    let mut probe_recs = Vec::new();
+    for (i, p) in probes.iter().enumerate() {
+        for _ in 0..(i % 4 + 1) {
+            probe_recs.push((p.clone(), "x".to_string()));
+        }
+    }
+    producer.send(&input, 6, &probe_recs).await?;
+    let probe_counts = baton_tests::count(probe_recs.iter().map(|(k, _)| k.as_str()));
+    let group = format!("{cluster}.wc");
+    let committed = |n: u64| {
+        let (input, group) = (input.clone(), group.clone());
+        async move {
+            let done: u64 = baton_tests::group_offsets(&group, &input, 6)?.iter().sum();
+            Ok((done >= n).then_some(()))
+        }
+    };
+    wait_for("the probes committed", Duration::from_secs(60), || {
+        committed(probe_recs.len() as u64)
+    })
+    .await?;
+
+    // Records flow the whole time.
+    let stop = Arc::new(AtomicBool::new(false));
+    let flow = {
+        let (stop, input) = (stop.clone(), input.clone());
+        tokio::spawn(async move {
+            let producer = baton_tests::TestProducer::new()?;
+            let mut sent = Vec::new();
+            let mut round = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let keys = baton_tests::words(400, 300, 1000 + round);
+                let recs: Vec<(String, String)> =
+                    keys.iter().map(|k| (k.clone(), "x".into())).collect();
+                producer.send(&input, 6, &recs).await?;
+                sent.extend(keys);
+                round += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            anyhow::Ok(sent)
+        })
+    };
+
+    // Bad requests are refused by name.
+    let r = apis[1]
+        .post_json("/api/v1/partitions/wc-0/move", &json!({"to": "nobody"}))
+        .await?;
+    assert_eq!(r.status, 400, "{r:?}");
+    assert!(r.body.to_string().contains("nobody"), "{r:?}");
+    let owner0 = row(&apis[0], "wc-0").await?["owner"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let r = apis[1]
+        .post_json("/api/v1/partitions/wc-0/move", &json!({"to": owner0}))
+        .await?;
+    assert_eq!(r.status, 409, "{r:?}");
+    let r = apis[1]
+        .post_json("/api/v1/partitions/wc-9/move", &json!({"to": "a"}))
+        .await?;
+    assert_eq!(r.status, 404, "{r:?}");
+
+    let mut seen = BTreeMap::new();
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |n: usize| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % n as u64) as usize
+    };
+    let ids = ["a", "b", "c"];
+    let mut pauses = Vec::new();
+    for i in 0..moves {
+        let part = format!("wc-{}", next(3));
+        let before = row(&apis[0], &part).await?;
+        let owner = before["owner"].as_str().unwrap_or_default().to_string();
+        let epoch = before["epoch"].as_u64().unwrap_or(0);
+        let others: Vec<&str> = ids.iter().copied().filter(|h| *h != owner).collect();
+        let to = others[next(others.len())].to_string();
+        // Asked of any host.
+        let r = apis[next(3)]
+            .post_json(
+                &format!("/api/v1/partitions/{part}/move"),
+                &json!({"to": to}),
+            )
+            .await?;
+        assert_eq!(r.status, 202, "move {i} of {part} to {to}: {r:?}");
+        let id = r.body["move"].as_str().unwrap_or_default().to_string();
+        assert!(!id.is_empty(), "{r:?}");
+        // A second move of the same partition while this one is under way is refused.
+        let again = apis[0]
+            .post_json(
+                &format!("/api/v1/partitions/{part}/move"),
+                &json!({"to": owner}),
+            )
+            .await?;
+        assert!(
+            again.status == 409 || again.status == 202,
+            "second move: {again:?}"
+        );
+        if again.status == 202 {
+            anyhow::bail!("a second move of {part} was accepted while move {id} was under way");
+        }
+        let tick = std::sync::atomic::AtomicUsize::new(i);
+        let done = wait_for(
+            &format!("move {id} of {part} to {to} done on every host"),
+            Duration::from_secs(90),
+            || async {
+                check_one_owner(&apis, &mut seen.clone()).await?;
+                // Probes are answered exactly by every host, whoever owns what right now.
+                let probe = &probes[tick.fetch_add(1, Ordering::Relaxed) % probes.len()];
+                for api in &apis {
+                    assert_eq!(
+                        count_at(api, probe).await?,
+                        Some(probe_counts[probe]),
+                        "{probe} at {} during move {id}",
+                        api.base()
+                    );
+                }
+                let mut rows = Vec::new();
+                for api in &apis {
+                    rows.push(row(api, &part).await?);
+                }
+                let finished = rows.iter().all(|r| {
+                    r["owner"] == to.as_str()
+                        && r["epoch"].as_u64() > Some(epoch)
+                        && r["state"] == "running"
+                        && r["moves"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .any(|m| m["id"] == id.as_str() && m["phase"] == "done")
+                });
+                if let Some(abandoned) = rows[0]["moves"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|m| m["id"] == id.as_str() && m["phase"] == "abandoned")
+                {
+                    anyhow::bail!("move {id} abandoned: {abandoned}");
+                }
+                Ok(finished.then(|| rows[0].clone()))
+            },
+        )
+        .await?;
+        check_one_owner(&apis, &mut seen).await?;
+        let pause = done["last_pause_ms"].as_f64();
+        assert!(pause.is_some(), "a pause recorded: {done}");
+        pauses.extend(pause);
+        assert!(
+            done["replicas"].as_array().is_some_and(|r| r.is_empty()),
+            "no replica left after the move: {done}"
+        );
+    }
+
+    stop.store(true, Ordering::Relaxed);
+    let mut sent = flow.await??;
+    sent.extend(probe_recs.iter().map(|(k, _)| k.clone()));
+    wait_for("every record committed", Duration::from_secs(120), || {
+        committed(sent.len() as u64)
+    })
+    .await?;
+    let want = baton_tests::count(sent.iter().map(String::as_str));
+    let b = &apis[1];
+    wait_for("exact counts at b", Duration::from_secs(30), || async {
+        for (k, n) in &want {
+            if count_at(b, k).await? != Some(*n) {
+                return Ok(None);
+            }
+        }
+        Ok(Some(()))
+    })
+    .await?;
+    // Once caught up nothing changes any more: every count is exact, on every host.
+    for api in &apis {
+        for (k, n) in &want {
+            assert_eq!(
+                count_at(api, k).await?,
+                Some(*n),
+                "count of {k} at {}",
+                api.base()
+            );
+        }
+    }
+    // The pauses reach /metrics of the hosts that took partitions over.
+    let mut in_metrics = 0;
+    for api in &apis {
+        let (status, text) = api.get_text("/metrics").await?;
+        assert_eq!(status, 200);
+        if text.contains("baton_move_pause_seconds_count")
+            && !text.contains("baton_move_pause_seconds_count 0")
+        {
+            in_metrics += 1;
+        }
+    }
+    assert!(in_metrics >= 1, "move pauses in /metrics");
+    pauses.sort_by(f64::total_cmp);
+    eprintln!("{} moves, pauses (ms): {pauses:?}", pauses.len());
+    for h in hosts {
+        h.stop().await?;
+    }
+    drop(child);
+    Ok(())
+}
