@@ -41,6 +41,9 @@ pub struct HostConfig {
     /// How long a host may go without a heartbeat before the cluster counts it gone
     /// (`--session-timeout`; Kafka's group session timeout).
     pub session_timeout: std::time::Duration,
+    /// On a clean stop, how long moving this host's partitions away (warm) may take before the
+    /// rest stop and go cold (`--handoff-timeout`).
+    pub handoff_timeout: std::time::Duration,
     /// Kafka, or `None` for the embedded log.
     pub kafka: Option<KafkaConfig>,
     /// Name of the cluster: its control log is `<cluster>.control` and its module chunks
@@ -63,6 +66,7 @@ impl HostConfig {
             host_id: None,
             advertise: None,
             session_timeout: std::time::Duration::from_secs(10),
+            handoff_timeout: std::time::Duration::from_secs(60),
             kafka: None,
             cluster: "baton".into(),
             native_modules: Vec::new(),
@@ -126,6 +130,11 @@ pub struct Baton {
     pub(crate) held: Mutex<crate::cluster::moves::HeldPartitions>,
     /// Pauses of the moves this host took over.
     pub(crate) pauses: Mutex<crate::cluster::moves::Pauses>,
+    /// Clients a move's target made ready for a partition's first session here.
+    pub(crate) prepared: Mutex<BTreeMap<String, crate::partition::kafka::Prepared>>,
+    /// Partitions whose assignment this host just recorded itself (a move's take-over): their
+    /// first ownership check needs no control-log catch-up.
+    pub(crate) taking_over: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl Baton {
@@ -198,6 +207,8 @@ impl Baton {
             replicas: RwLock::new(BTreeMap::new()),
             held: Mutex::new(BTreeMap::new()),
             pauses: Mutex::new(Default::default()),
+            prepared: Mutex::new(BTreeMap::new()),
+            taking_over: Mutex::new(Default::default()),
         });
         baton.join_cluster()?;
         for m in &baton.config.native_modules {

@@ -28,6 +28,9 @@ pub struct FileConfig {
     pub advertise: Option<String>,
     /// `session_timeout = "10s"`: how long a silent host stays a member of the cluster.
     pub session_timeout: Option<String>,
+    /// `handoff_timeout = "60s"`: how long a stopping host may take to move its partitions away.
+    #[serde(default)]
+    pub handoff_timeout: Option<String>,
     /// `token = "..."`: mutating API calls need `Authorization: Bearer <token>`.
     pub token: Option<String>,
     /// `kafka = "127.0.0.1:9092"`: run on Kafka instead of the embedded log.

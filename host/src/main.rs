@@ -127,6 +127,11 @@ struct RunArgs {
     /// default).
     #[arg(long)]
     session_timeout: Option<String>,
+    /// On SIGTERM, how long this host may take to move its partitions to the live hosts, warm
+    /// and at batch boundaries, before it stops the rest and gives them away cold [default:
+    /// 60s].
+    #[arg(long)]
+    handoff_timeout: Option<String>,
     /// A librdkafka setting for every client, key=value (repeatable).
     #[arg(long = "kafka-config", value_parser = parse_key_value)]
     kafka_config: Vec<(String, String)>,
@@ -279,6 +284,10 @@ fn run(args: RunArgs, token: Option<String>) -> anyhow::Result<()> {
         );
         config.advertise = Some(a.trim_end_matches('/').to_string());
     }
+    if let Some(t) = args.handoff_timeout.or(file.handoff_timeout) {
+        config.handoff_timeout = baton::config::parse_duration(&t)
+            .map_err(|e| anyhow::anyhow!("--handoff-timeout: {e}"))?;
+    }
     if let Some(t) = args.session_timeout.or(file.session_timeout) {
         config.session_timeout = baton::config::parse_duration(&t)
             .map_err(|e| anyhow::anyhow!("--session-timeout: {e}"))?;
@@ -313,8 +322,14 @@ fn run(args: RunArgs, token: Option<String>) -> anyhow::Result<()> {
         std::fs::write(data_dir.join("baton.addr"), addr.to_string())?;
         baton.set_address(&format!("http://{addr}"));
         tracing::info!("baton listening on http://{addr}");
+        // On a signal the API keeps serving while the partitions move away: their new owners
+        // call this host to drain them.
+        let leaving = baton.clone();
         axum::serve(listener, baton::http::router(baton.clone()))
-            .with_graceful_shutdown(shutdown_signal())
+            .with_graceful_shutdown(async move {
+                shutdown_signal().await;
+                let _ = tokio::task::spawn_blocking(move || leaving.move_away()).await;
+            })
             .await?;
         anyhow::Ok(())
     })?;

@@ -334,7 +334,7 @@ fn produce_until(
     })
 }
 
-/// Kills the host 3 times while records flow, each time once it made progress with input left.
+/// Kills the host 3 times while records flow, each time while it makes progress.
 async fn kill_three_times(
     dir: &std::path::Path,
     flags: &[&str],
@@ -343,12 +343,15 @@ async fn kill_three_times(
 ) -> anyhow::Result<ChildHost> {
     let seed = baton_tests::test_seed("kill_three_times");
     for round in 0..3u64 {
+        // Mid-stream: processing while records flow (a host that keeps up shows little lag).
+        let before = std::sync::atomic::AtomicU64::new(u64::MAX);
         let (done, lag) = wait_for(
-            "progress with input left before the kill",
+            "progress while records flow, before the kill",
             Duration::from_secs(120),
             || {
                 let api = host.api.clone();
                 let wc = flow.wc.clone();
+                let before = &before;
                 async move {
                     let parts = api.partitions().await?;
                     let mine: Vec<_> = parts
@@ -360,7 +363,8 @@ async fn kill_three_times(
                         .map(|p| p["records"].as_u64().unwrap_or(0))
                         .sum();
                     let lag: u64 = mine.iter().map(|p| p["lag"].as_u64().unwrap_or(0)).sum();
-                    Ok((done > 1_000 && lag > 0).then_some((done, lag)))
+                    let moving = done > before.swap(done, std::sync::atomic::Ordering::Relaxed);
+                    Ok((done > 1_000 && moving).then_some((done, lag)))
                 }
             },
         )

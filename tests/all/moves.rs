@@ -297,6 +297,12 @@ async fn partitions_move_live_with_exact_counts_and_answers_during_moves() -> an
         )
         .await?;
         check_one_owner(&apis, &mut seen).await?;
+        if let Some(m) = done["moves"].as_array().and_then(|m| m.last()) {
+            eprintln!(
+                "move {id}: pause {} ms, steps {}",
+                m["pause_ms"], m["steps"]
+            );
+        }
         let pause = done["last_pause_ms"].as_f64();
         assert!(pause.is_some(), "a pause recorded: {done}");
         pauses.extend(pause);
@@ -305,6 +311,101 @@ async fn partitions_move_live_with_exact_counts_and_answers_during_moves() -> an
             "no replica left after the move: {done}"
         );
     }
+
+    // c stops cleanly (SIGTERM): its partitions move to a and b warm, each with a pause
+    // recorded, before it exits. Then it comes back and is given its fair share again.
+    let owned_by_c = |rows: &[Value]| -> Vec<String> {
+        rows.iter()
+            .filter(|p| p["owner"] == "c")
+            .map(|p| p["id"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    if owned_by_c(&apis[0].partitions().await?).is_empty() {
+        let r = apis[0]
+            .post_json("/api/v1/partitions/wc-1/move", &json!({"to": "c"}))
+            .await?;
+        assert_eq!(r.status, 202, "{r:?}");
+        wait_for("wc-1 on c", Duration::from_secs(60), || async {
+            let rows = apis[0].partitions().await?;
+            Ok(rows
+                .iter()
+                .any(|p| p["id"] == "wc-1" && p["owner"] == "c" && p["state"] == "running")
+                .then_some(()))
+        })
+        .await?;
+    }
+    let c_had = owned_by_c(&apis[0].partitions().await?);
+    tokio::task::spawn_blocking(move || child.terminate()).await??;
+    let rest = apis[..2].to_vec();
+    let after_term = wait_for(
+        "c's partitions moved warm to a and b",
+        Duration::from_secs(60),
+        || async {
+            check_one_owner(&rest, &mut seen.clone()).await?;
+            let rows = rest[0].partitions().await?;
+            let done = c_had.iter().all(|id| {
+                rows.iter().any(|p| {
+                    p["id"] == id.as_str()
+                        && p["owner"] != "c"
+                        && p["state"] == "running"
+                        && p["moves"]
+                            .as_array()
+                            .and_then(|m| m.last())
+                            .is_some_and(|m| {
+                                m["from"] == "c"
+                                    && m["phase"] == "done"
+                                    && m["pause_ms"].is_number()
+                            })
+                })
+            });
+            Ok(done.then_some(rows))
+        },
+    )
+    .await?;
+    eprintln!(
+        "SIGTERM moves: {:?}",
+        after_term
+            .iter()
+            .filter(|p| c_had.iter().any(|id| p["id"] == id.as_str()))
+            .map(|p| p["last_pause_ms"].clone())
+            .collect::<Vec<_>>()
+    );
+    let child = ChildHost::start(
+        dirs[2].path(),
+        &[
+            "--kafka",
+            &kafka_bootstrap(),
+            "--host-id",
+            "c",
+            "--session-timeout",
+            "6s",
+        ],
+    )
+    .await?;
+    let apis: Vec<baton_tests::Api> = hosts
+        .iter()
+        .map(|h| h.api.clone())
+        .chain([child.api.clone()])
+        .collect();
+    wait_for(
+        "c back with its fair share (one partition), moved warm",
+        Duration::from_secs(90),
+        || async {
+            check_one_owner(&apis, &mut seen.clone()).await?;
+            let rows = apis[2].partitions().await?;
+            let on_c: Vec<&Value> = rows
+                .iter()
+                .filter(|p| p["owner"] == "c" && p["state"] == "running")
+                .collect();
+            Ok((on_c.len() == 1
+                && on_c[0]["moves"]
+                    .as_array()
+                    .and_then(|m| m.last())
+                    .is_some_and(|m| m["to"] == "c" && m["phase"] == "done"))
+            .then_some(()))
+        },
+    )
+    .await?;
 
     stop.store(true, Ordering::Relaxed);
     let mut sent = flow.await??;

@@ -224,13 +224,20 @@ async fn on_kafka_each_window_is_sent_once_across_kill_9_and_a_restore() -> anyh
     };
     let seed = baton_tests::test_seed("windows_kill_three_times");
     for round in 0..3u64 {
-        let (done, lag) = wait_for("progress with input left", Duration::from_secs(120), || {
-            let (api, name) = (host.api.clone(), name.clone());
-            async move {
-                let (done, lag) = progress(&api, &name).await?;
-                Ok((done > 1_000 && lag > 0).then_some((done, lag)))
-            }
-        })
+        // Mid-stream: processing while records flow (a host that keeps up shows little lag).
+        let before = std::sync::atomic::AtomicU64::new(u64::MAX);
+        let (done, lag) = wait_for(
+            "progress while records flow",
+            Duration::from_secs(120),
+            || {
+                let (api, name, before) = (host.api.clone(), name.clone(), &before);
+                async move {
+                    let (done, lag) = progress(&api, &name).await?;
+                    let moving = done > before.swap(done, Ordering::Relaxed);
+                    Ok((done > 1_000 && moving).then_some((done, lag)))
+                }
+            },
+        )
         .await?;
         baton_tests::kill9_at_random(host, seed, round, done, lag).await?;
         host = ChildHost::start(dir.path(), &flags).await?;

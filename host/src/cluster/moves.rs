@@ -26,9 +26,10 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::app::Baton;
-use crate::control::{AssignmentRecord, ControlEvent, MovePhase, MoveRecord, now_ms};
+use crate::control::{AssignmentRecord, ControlEvent, MovePhase, MoveRecord, MoveStep, now_ms};
 use crate::error::{Error, Result};
 use crate::http::model::{ReplicaInfo, Role};
+use crate::partition::kafka::Prepared;
 use crate::partition::tail::Tail;
 
 /// A target this many changelog records (or fewer) behind the owner asks it to hand off.
@@ -43,6 +44,9 @@ pub const DRAINED_HOLD: Duration = Duration::from_secs(20);
 /// How long the new owner waits for its first guest call before it records the move done
 /// without a pause.
 const FIRST_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A take-over whose first fetch found nothing to process for this long ends its pause there.
+const IDLE_AFTER: Duration = Duration::from_secs(1);
 
 /// A copy of a partition's state this host keeps up to date without processing it.
 pub struct Replica {
@@ -144,6 +148,7 @@ impl Baton {
             phase: MovePhase::Warming,
             pause_ms: None,
             reason: None,
+            steps: Vec::new(),
             at: now_ms(),
         };
         let event = ControlEvent::Move(record.clone());
@@ -171,10 +176,10 @@ impl Baton {
                     tracing::error!("starting a move: {e}");
                 }
             }
-            MovePhase::Abandoned | MovePhase::Done if m.from == self.host_id => {
-                if self.held.lock().remove(&m.partition).is_some() {
-                    self.follow_assignments(&m.pipeline);
-                }
+            MovePhase::Abandoned | MovePhase::Done
+                if m.from == self.host_id && self.held.lock().remove(&m.partition).is_some() =>
+            {
+                self.follow_assignments(&m.pipeline);
             }
             _ => {}
         }
@@ -185,13 +190,18 @@ impl Baton {
         &self,
         m: &MoveRecord,
         phase: MovePhase,
-        pause_ms: Option<f64>,
+        pause: Option<(f64, Vec<MoveStep>)>,
         reason: Option<String>,
     ) {
+        let (pause_ms, steps) = match pause {
+            Some((ms, steps)) => (Some(ms), steps),
+            None => (None, Vec::new()),
+        };
         let next = MoveRecord {
             phase,
             pause_ms,
             reason,
+            steps,
             at: now_ms(),
             ..m.clone()
         };
@@ -212,13 +222,13 @@ impl Baton {
         self.replicas.write().remove(&m.partition);
         match outcome {
             Ok(pause) => {
-                if let Some(p) = pause {
-                    self.pauses.lock().push(p);
+                if let Some((p, steps)) = &pause {
+                    self.pauses.lock().push(*p);
+                    tracing::info!(
+                        move_id = %m.id, partition = %m.partition, pause_ms = p,
+                        secs = started.elapsed().as_secs_f64(), ?steps, "move done"
+                    );
                 }
-                tracing::info!(
-                    move_id = %m.id, partition = %m.partition, pause_ms = ?pause,
-                    secs = started.elapsed().as_secs_f64(), "move done"
-                );
                 self.record_move(&m, MovePhase::Done, pause, None);
             }
             Err(reason) => {
@@ -238,7 +248,10 @@ impl Baton {
 
     /// Warms a replica of `m`'s partition, has the owner drain it, and takes it over; answers
     /// the pause (ms) when the first guest call came in time.
-    fn warm_and_take_over(&self, m: &MoveRecord) -> std::result::Result<Option<f64>, String> {
+    fn warm_and_take_over(
+        &self,
+        m: &MoveRecord,
+    ) -> std::result::Result<Option<(f64, Vec<MoveStep>)>, String> {
         let kafka = self.kafka.clone().ok_or("no Kafka")?;
         let (record, assignment) = {
             let catalog = self.catalog.lock();
@@ -261,8 +274,12 @@ impl Baton {
             .state
             .open_shared(&path, &record.spec.state_stores())
             .map_err(|e| format!("opening the partition's state here: {e}"))?;
-        let mut tail = Tail::open(&kafka, &record, slots.clone(), &db)
+        let tail = Tail::open(&kafka, &record, slots.clone(), &db)
             .map_err(|e| format!("reading the changelogs: {e:#}"))?;
+        // The session's clients, made ready now so that the take-over does not wait for them.
+        let mut prepared = Prepared::new(&kafka, &record, &m.partition, slots.clone(), tail)
+            .map_err(|e| format!("opening the partition's clients: {e:#}"))?;
+        let tail = prepared.tail();
         let replica = Arc::new(Replica {
             partition: m.partition.clone(),
             role: Role::Warming,
@@ -318,22 +335,28 @@ impl Baton {
             DRAIN_TIMEOUT + Duration::from_secs(5),
         )
         .map_err(|e| format!("the owner `{}` did not drain: {e}", m.from))?;
-        let final_commit = Instant::now()
+        let answered = Instant::now();
+        let final_commit = answered
             .checked_sub(Duration::from_micros(drained.since_commit_us))
-            .unwrap_or_else(Instant::now);
+            .unwrap_or(answered);
+        let mut marks: Vec<(&'static str, Instant)> = vec![("answered", answered)];
 
-        // Catch up to the final commit's changelog records.
+        // The final commit's changelog records. Read before the take-over: once they are
+        // there, the owner's transaction is (nearly always) complete, and the new producer's
+        // `init_transactions` is not turned away while it completes (librdkafka would retry
+        // only 500 ms later).
         let catch_up = Instant::now() + Duration::from_secs(30);
+        let tail = prepared.tail();
         tail.refresh()
             .map_err(|e| format!("reading the changelogs' ends: {e:#}"))?;
         while !tail.caught_up() {
-            tail.poll(&db, Duration::from_millis(5))
+            tail.poll(&db, Duration::from_millis(2))
                 .map_err(|e| format!("applying the changelogs: {e:#}"))?;
             if Instant::now() > catch_up {
                 return Err("the final changelog records did not arrive within 30 s".into());
             }
         }
-        drop(tail);
+        marks.push(("caught-up", Instant::now()));
 
         // Take over, at the next epoch.
         let current = self.catalog.lock().assignments.get(&m.partition).cloned();
@@ -351,21 +374,45 @@ impl Baton {
                 .map_err(|e| format!("recording the new owner: {e}"))?;
             self.catalog.lock().apply(event);
         }
+        marks.push(("assigned", Instant::now()));
+        self.prepared.lock().insert(m.partition.clone(), prepared);
+        self.taking_over.lock().insert(m.partition.clone());
         self.follow_assignments(&m.pipeline);
+        self.prepared.lock().remove(&m.partition);
+        marks.push(("started", Instant::now()));
         drop(db);
 
         // The pause ends at the new owner's first guest call.
         let until = Instant::now() + FIRST_CALL_TIMEOUT;
         while Instant::now() < until {
-            let ready = self
-                .partitions
-                .read()
-                .get(&m.partition)
-                .and_then(|h| *h.status.first_call.lock());
-            if let Some(at) = ready {
-                return Ok(Some(
-                    at.saturating_duration_since(final_commit).as_secs_f64() * 1e3,
-                ));
+            let handle = self.partitions.read().get(&m.partition).cloned();
+            // The first guest call; or, when nothing waits to be processed a while after the
+            // first fetch, that fetch.
+            let ready = handle.as_ref().and_then(|h| {
+                let call = *h.status.first_call.lock();
+                let idle = h
+                    .status
+                    .first_fetch
+                    .lock()
+                    .filter(|t| t.elapsed() > IDLE_AFTER);
+                call.map(|t| ("first-call", t))
+                    .or_else(|| idle.map(|t| ("first-fetch-idle", t)))
+            });
+            if let (Some((name, at)), Some(h)) = (ready, handle) {
+                marks.extend(h.status.steps.lock().iter().copied());
+                marks.push((name, at));
+                marks.sort_by_key(|(_, t)| *t);
+                let mut steps = Vec::new();
+                let mut prev = final_commit;
+                for (step, t) in marks {
+                    steps.push(MoveStep {
+                        step: step.to_string(),
+                        ms: t.saturating_duration_since(prev).as_secs_f64() * 1e3,
+                    });
+                    prev = prev.max(t);
+                }
+                let pause = at.saturating_duration_since(final_commit).as_secs_f64() * 1e3;
+                return Ok(Some((pause, steps)));
             }
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -411,8 +458,8 @@ impl Baton {
             )));
         };
         let committed = Instant::now();
-        handle.join();
-        // Resumed if nobody takes it over in time.
+        // Resumed if nobody takes it over in time. The loop's clients close meanwhile: the
+        // final commit is done, and the new owner need not wait for them.
         let (me, p, pipeline) = (
             self.me.clone(),
             partition.to_string(),
@@ -421,6 +468,7 @@ impl Baton {
         let _ = std::thread::Builder::new()
             .name("baton-hold".into())
             .spawn(move || {
+                handle.join();
                 std::thread::sleep(DRAINED_HOLD);
                 if let Some(b) = me.upgrade() {
                     let expired = {
@@ -443,6 +491,88 @@ impl Baton {
             since_commit_us: committed.elapsed().as_micros() as u64,
             offsets,
         })
+    }
+
+    /// Before a clean stop: moves every partition this host owns to the live hosts (the least
+    /// loaded first), warm, and waits for the moves to end, for at most the handoff timeout.
+    /// What is left when it ends stops and is given away cold by [`Baton::shutdown`].
+    pub fn move_away(&self) {
+        if self.kafka.is_none() {
+            return;
+        }
+        let others: Vec<String> = self
+            .hosts()
+            .into_iter()
+            .filter(|h| h.alive && h.id != self.host_id)
+            .map(|h| h.id)
+            .collect();
+        if others.is_empty() {
+            return;
+        }
+        let mut load: BTreeMap<String, usize> = others.iter().map(|h| (h.clone(), 0)).collect();
+        let mine: Vec<String> = {
+            let catalog = self.catalog.lock();
+            for a in catalog.assignments.values() {
+                if let Some(n) = load.get_mut(&a.owner) {
+                    *n += 1;
+                }
+            }
+            catalog
+                .assignments
+                .values()
+                .filter(|a| a.owner == self.host_id)
+                .map(|a| a.partition.clone())
+                .collect()
+        };
+        if mine.is_empty() {
+            return;
+        }
+        tracing::info!(
+            partitions = mine.len(),
+            "moving this host's partitions away"
+        );
+        let started = Instant::now();
+        for p in &mine {
+            let Some(to) = load
+                .iter()
+                .min_by_key(|(h, n)| (**n, (*h).clone()))
+                .map(|(h, _)| h.clone())
+            else {
+                break;
+            };
+            match self.request_move(p, &to) {
+                Ok(_) => *load.entry(to).or_default() += 1,
+                Err(e) => tracing::warn!(partition = %p, "moving away: {e}"),
+            }
+        }
+        let deadline = started + self.config.handoff_timeout;
+        loop {
+            let left = {
+                let catalog = self.catalog.lock();
+                mine.iter()
+                    .filter(|p| {
+                        catalog
+                            .move_under_way(p)
+                            .is_some_and(|m| m.from == self.host_id)
+                    })
+                    .count()
+            };
+            if left == 0 {
+                break;
+            }
+            if Instant::now() > deadline {
+                tracing::warn!(
+                    left,
+                    "moves away did not end within the handoff timeout; the rest stop cold"
+                );
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        tracing::info!(
+            secs = started.elapsed().as_secs_f64(),
+            "partitions moved away"
+        );
     }
 
     /// The replicas this host keeps, as rows of the partition table.

@@ -59,6 +59,49 @@ pub fn plan(
     changes
 }
 
+/// How long a host must be live before the controller moves partitions to it.
+const JOIN_SETTLE: Duration = Duration::from_secs(2);
+
+/// Moves that give each host of `joined` a fair share of the partitions (the total over the
+/// live hosts, rounded down), each taken from the live host that has the most, and not from a
+/// partition that is moving already.
+pub fn fair_share(
+    catalog: &crate::control::Catalog,
+    alive: &[String],
+    joined: &[String],
+) -> Vec<(String, String)> {
+    let mut owned: BTreeMap<&str, Vec<&str>> =
+        alive.iter().map(|h| (h.as_str(), Vec::new())).collect();
+    for a in catalog.assignments.values() {
+        if catalog.move_under_way(&a.partition).is_none()
+            && let Some(v) = owned.get_mut(a.owner.as_str())
+        {
+            v.push(a.partition.as_str());
+        }
+    }
+    let total: usize = catalog.assignments.len();
+    let fair = total / alive.len().max(1);
+    let mut moves = Vec::new();
+    for j in joined {
+        while owned.get(j.as_str()).map_or(fair, Vec::len) < fair {
+            let Some((&from, _)) = owned
+                .iter()
+                .filter(|(h, _)| **h != j.as_str())
+                .max_by_key(|(h, v)| (v.len(), std::cmp::Reverse(**h)))
+            else {
+                break;
+            };
+            if owned[from].len() <= fair {
+                break;
+            }
+            let p = owned.get_mut(from).and_then(Vec::pop).expect("a partition");
+            owned.get_mut(j.as_str()).expect("a live host").push(p);
+            moves.push((p.to_string(), j.clone()));
+        }
+    }
+    moves
+}
+
 impl Baton {
     /// Runs the controller's loop on a thread of its own until `stop` is set: while this host
     /// is the controller, it keeps every partition assigned to a live host.
@@ -71,6 +114,9 @@ impl Baton {
             .name("baton-controller".into())
             .spawn(move || {
                 let mut producer: Option<BaseProducer> = None;
+                // The live hosts at the last look; for one that joined since this host became
+                // the controller, when, until it gets its fair share (once live a moment).
+                let mut known: Option<BTreeMap<String, Option<std::time::Instant>>> = None;
                 while !stop.load(Ordering::Relaxed) {
                     std::thread::sleep(TICK);
                     let Some(baton) = me.upgrade() else { return };
@@ -80,6 +126,7 @@ impl Baton {
                         .any(|h| h.alive && h.controller && h.id == baton.host_id);
                     if !controller {
                         producer = None;
+                        known = None;
                         continue;
                     }
                     let alive: Vec<String> = hosts
@@ -89,6 +136,36 @@ impl Baton {
                         .collect();
                     for (m, reason) in baton.stale_moves(&alive) {
                         baton.abandon_move(&m, reason);
+                    }
+                    // Hosts live when this host became the controller count as known; one
+                    // that joins later gets a fair share, by warm moves.
+                    let now = std::time::Instant::now();
+                    let seen = known
+                        .get_or_insert_with(|| alive.iter().map(|h| (h.clone(), None)).collect());
+                    seen.retain(|h, _| alive.contains(h));
+                    let mut joined = Vec::new();
+                    for h in &alive {
+                        let since = seen.entry(h.clone()).or_insert(Some(now));
+                        if since.is_some_and(|t| now.duration_since(t) >= JOIN_SETTLE) {
+                            joined.push(h.clone());
+                            *since = None;
+                        }
+                    }
+                    if !joined.is_empty() {
+                        let moves = {
+                            let catalog = baton.catalog.lock();
+                            fair_share(&catalog, &alive, &joined)
+                        };
+                        for (partition, to) in moves {
+                            match baton.request_move(&partition, &to) {
+                                Ok(id) => tracing::info!(
+                                    partition, to, move_id = %id, "moved to a joining host"
+                                ),
+                                Err(e) => {
+                                    tracing::warn!(partition, to, "moving to a joining host: {e}")
+                                }
+                            }
+                        }
                     }
                     let changes = {
                         let catalog = baton.catalog.lock();
@@ -283,6 +360,28 @@ mod tests {
             incarnation: None,
             replays: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_joining_host_gets_a_fair_share_from_the_most_loaded() {
+        let hosts = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let mut catalog = crate::control::Catalog::default();
+        catalog.apply(ControlEvent::Pipeline(Box::new(pipeline("p", 7))));
+        for a in plan(&[pipeline("p", 7)], &BTreeMap::new(), &hosts(&["a", "b"])) {
+            catalog.apply(ControlEvent::Assigned(a));
+        }
+        // a has 4, b 3; c joins: fair is 7 / 3 = 2, taken from a, then from the larger again.
+        let moves = fair_share(&catalog, &hosts(&["a", "b", "c"]), &hosts(&["c"]));
+        assert_eq!(moves.len(), 2, "{moves:?}");
+        assert!(moves.iter().all(|(_, to)| to == "c"), "{moves:?}");
+        let from: Vec<String> = moves
+            .iter()
+            .map(|(p, _)| catalog.assignments[p].owner.clone())
+            .collect();
+        assert_eq!(from, ["a", "a"].map(String::from).to_vec(), "{moves:?}");
+        // Nobody joined, or the joiner has its share: nothing moves.
+        assert!(fair_share(&catalog, &hosts(&["a", "b"]), &[]).is_empty());
+        assert!(fair_share(&catalog, &hosts(&["a", "b"]), &hosts(&["b"])).is_empty());
     }
 
     #[test]

@@ -108,8 +108,24 @@ pub struct MoveRecord {
     /// With `abandoned`: why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// With `done`: where the pause went, step by step (ms each), from the final commit on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<MoveStep>,
     /// When the phase was reached (ms since the Unix epoch).
     pub at: i64,
+}
+
+/// One step of a move's pause.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MoveStep {
+    /// What ended: `answered` (the owner's drain answer arrived), `caught-up` (the final
+    /// changelog records applied), `assigned` (the new owner recorded), `started` (its loop
+    /// started), `session`, `instance`, `clients` (producer fenced the old one, consumer open),
+    /// `restore`, `positions`, `first-call`.
+    pub step: String,
+    /// Milliseconds since the previous step ended.
+    pub ms: f64,
 }
 
 /// Moves kept per partition in the catalog (the newest).

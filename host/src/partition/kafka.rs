@@ -73,21 +73,90 @@ pub struct KafkaIo {
     /// Changelog records the last restore applied: none means RocksDB was at the changelog's
     /// end, so its input offsets are those of the last committed batch.
     restored: u64,
+    /// A warming replica's changelog reader, which the restore goes on with.
+    warm: Option<super::tail::Tail>,
+    /// Asked for the inputs' ends (for the lag); it never fetches.
+    watermarks: InputConsumer,
 }
 
-impl KafkaIo {
-    /// Opens the clients of partition `id`; under exactly-once, fences older producers.
-    pub fn open(
-        transport: Arc<KafkaTransport>,
-        pipeline: Arc<PipelineRecord>,
+/// Clients made ready for a partition before its first session here (by a move's target while
+/// it warms up), so that the session does not wait for them: its consumer (coordinator found),
+/// its producer (not yet fencing the owner's: that is `init_transactions`, at the session's
+/// start), and the changelog reader of the warming replica, positioned where RocksDB is.
+pub struct Prepared {
+    consumer: InputConsumer,
+    producer: BatchProducer,
+    tail: super::tail::Tail,
+}
+
+impl Prepared {
+    /// Creates the clients of partition `id` and checks its topics; `tail` is the replica's
+    /// changelog reader.
+    pub fn new(
+        transport: &KafkaTransport,
+        pipeline: &PipelineRecord,
         id: &str,
         slots: Range<u32>,
+        tail: super::tail::Tail,
     ) -> anyhow::Result<Self> {
         let consumer = transport.input_consumer(&pipeline.group_id())?;
         let eos = pipeline.spec.guarantee == Guarantee::ExactlyOnce;
         let txn_id = pipeline.transactional_id(id);
         let producer = transport.batch_producer(eos.then_some(txn_id.as_str()))?;
+        producer.connect(Duration::from_secs(10))?;
+        for s in pipeline.spec.state_stores() {
+            transport.check_compacted(&pipeline.changelog_topic(&s))?;
+        }
+        check_inputs(transport, pipeline)?;
+        // Finds the group's coordinator and the inputs' leaders now rather than at the start.
+        let tps: Vec<(String, u32)> = pipeline
+            .spec
+            .inputs
+            .iter()
+            .flat_map(|t| slots.clone().map(move |s| (t.clone(), s)))
+            .collect();
+        consumer.committed(&tps)?;
+        Ok(Prepared {
+            consumer,
+            producer,
+            tail,
+        })
+    }
+
+    /// The changelog reader, to keep warming with.
+    pub fn tail(&mut self) -> &mut super::tail::Tail {
+        &mut self.tail
+    }
+}
+
+impl KafkaIo {
+    /// Opens the clients of partition `id` (or takes the `prepared` ones); under
+    /// exactly-once, fences older producers.
+    pub fn open(
+        transport: Arc<KafkaTransport>,
+        pipeline: Arc<PipelineRecord>,
+        id: &str,
+        slots: Range<u32>,
+        prepared: Option<Prepared>,
+    ) -> anyhow::Result<Self> {
+        let eos = pipeline.spec.guarantee == Guarantee::ExactlyOnce;
+        let (consumer, producer, warm) = match prepared {
+            Some(p) => (p.consumer, p.producer, Some(p.tail)),
+            None => {
+                let consumer = transport.input_consumer(&pipeline.group_id())?;
+                let txn_id = pipeline.transactional_id(id);
+                let producer = transport.batch_producer(eos.then_some(txn_id.as_str()))?;
+                for s in pipeline.spec.state_stores() {
+                    transport.check_compacted(&pipeline.changelog_topic(&s))?;
+                }
+                check_inputs(&transport, &pipeline)?;
+                (consumer, producer, None)
+            }
+        };
         if eos {
+            if warm.is_none() {
+                producer.connect(Duration::from_secs(10))?;
+            }
             producer.init_transactions()?;
         }
         let changelogs: Vec<String> = pipeline
@@ -96,17 +165,13 @@ impl KafkaIo {
             .iter()
             .map(|s| pipeline.changelog_topic(s))
             .collect();
-        for c in &changelogs {
-            transport.check_compacted(c)?;
-        }
-        check_inputs(&transport, &pipeline)?;
         let group = consumer.group_metadata()?;
         let committer = Committer::start(
             id,
             CommitterState {
                 producer,
                 group,
-                changelogs: changelogs.clone(),
+                changelogs,
                 stores: pipeline.spec.state_stores(),
             },
         )?;
@@ -115,6 +180,7 @@ impl KafkaIo {
             replay_ends: Vec::new(),
             replay_ranges: Vec::new(),
         };
+        let watermarks = transport.input_consumer(&pipeline.group_id())?;
         Ok(KafkaIo {
             transport,
             pipeline,
@@ -126,6 +192,8 @@ impl KafkaIo {
             restored: 0,
             sources,
             inputs_checked: Instant::now(),
+            warm,
+            watermarks,
         })
     }
 
@@ -145,8 +213,15 @@ impl PartitionIo for KafkaIo {
         progress: &dyn Fn(RestoreProgress),
     ) -> anyhow::Result<()> {
         let started = Instant::now();
-        let mut tail =
-            super::tail::Tail::open(&self.transport, &self.pipeline, self.slots.clone(), db)?;
+        let mut tail = match self.warm.take() {
+            Some(mut warm) => {
+                warm.refresh()?;
+                warm
+            }
+            None => {
+                super::tail::Tail::open(&self.transport, &self.pipeline, self.slots.clone(), db)?
+            }
+        };
         let total = tail.behind();
         let report = |done: u64, finished: bool| {
             let secs = started.elapsed().as_secs_f64().max(1e-3);
@@ -160,6 +235,7 @@ impl PartitionIo for KafkaIo {
         self.restored = 0;
         if tail.caught_up() {
             report(0, true);
+            tail.close_in_background();
             return Ok(());
         }
         tracing::info!(records = total, "restoring state from the changelog");
@@ -167,7 +243,7 @@ impl PartitionIo for KafkaIo {
         let mut last_progress = Instant::now();
         let mut last_log = Instant::now();
         while !tail.caught_up() {
-            let n = tail.poll(db, Duration::from_millis(200))?;
+            let n = tail.poll(db, Duration::from_millis(20))?;
             if n > 0 {
                 last_progress = Instant::now();
             }
@@ -183,6 +259,7 @@ impl PartitionIo for KafkaIo {
             );
         }
         self.restored = done;
+        tail.close_in_background();
         report(done, true);
         tracing::info!(
             records = done,
@@ -272,6 +349,16 @@ impl PartitionIo for KafkaIo {
             }
         }
         self.sources.topics = topics;
+        // The inputs' ends, asked before the consumer fetches (after, a question waits behind
+        // its long poll): the lag is known at once, and the consumer learns the partitions'
+        // leaders now, so its first fetch goes out as soon as it is assigned.
+        for (topic, slot, _) in &assign {
+            if let Some(ti) = self.sources.topics.iter().position(|t| t == topic)
+                && let Ok((_, hi)) = self.consumer.watermarks(topic, *slot)
+            {
+                self.ends.insert((ti, *slot), (hi, Instant::now()));
+            }
+        }
         self.consumer.assign(&assign)?;
         // RocksDB's input offsets follow the group's from here on, even for a batch that
         // commits no state: were the group's offsets to expire later, RocksDB's are current.
@@ -358,7 +445,9 @@ impl PartitionIo for KafkaIo {
         let end = match self.ends.get(&(input, slot)) {
             Some((end, at)) if at.elapsed() < END_OFFSET_TTL => *end,
             _ => {
-                let end = self.consumer.high_watermark(topic, slot).ok()?;
+                // Asked of a client that never fetches: asked of the input consumer, the
+                // question would wait behind its long-polling fetch.
+                let end = self.watermarks.watermarks(topic, slot).ok()?.1;
                 self.ends.insert((input, slot), (end, Instant::now()));
                 end
             }

@@ -195,9 +195,13 @@ pub struct PartitionStatus {
     pub panics: AtomicU64,
     /// Replays of dead letters in progress.
     pub replay: Mutex<Vec<ReplayProgress>>,
-    /// When the partition could first process here: its first guest call, or its first fetch
-    /// that found nothing to process (the end of a move's pause).
+    /// When the partition here first called the guest with records (the end of a move's
+    /// pause).
     pub first_call: Mutex<Option<Instant>>,
+    /// When its first fetch here returned, with records or not.
+    pub first_fetch: Mutex<Option<Instant>>,
+    /// When each step of the first session's start ended (for a move's pause breakdown).
+    pub steps: Mutex<Vec<(&'static str, Instant)>>,
 }
 
 /// Cumulative time of the partition loop by step, in microseconds.
@@ -333,6 +337,8 @@ impl PartitionStatus {
             panics: AtomicU64::new(0),
             replay: Mutex::new(Vec::new()),
             first_call: Mutex::new(None),
+            first_fetch: Mutex::new(None),
+            steps: Mutex::new(Vec::new()),
         }
     }
 }
@@ -741,7 +747,15 @@ impl PartitionTask {
             current = previous;
         }
         *self.status.version.lock() = current.version.clone();
+        let step = |name: &'static str| {
+            let mut steps = self.status.steps.lock();
+            if steps.len() < 8 {
+                steps.push((name, Instant::now()));
+            }
+        };
+        step("session");
         let mut inst = self.new_instance(&current)?;
+        step("instance");
         let mut run = Running {
             current,
             previous: None,
@@ -749,11 +763,13 @@ impl PartitionTask {
             probation: 0,
         };
         let mut io = (self.io)().map_err(SessionError::from_io)?;
+        step("clients");
 
         *self.status.phase.lock() = Phase::Restoring;
         let status = self.status.clone();
         io.restore(&self.db, &move |p| *status.restore.lock() = Some(p))
             .map_err(SessionError::Retry)?;
+        step("restore");
         // `init` ran before the restore and may have read (and cached) what the restore then
         // overwrote.
         inst.ctx().forget_cached_state();
@@ -762,6 +778,7 @@ impl PartitionTask {
             .positions(&self.db, &self.replays.ranges())
             .map_err(SessionError::Retry)?;
         self.update_progress(io.as_mut(), &next);
+        step("positions");
         *self.status.phase.lock() = Phase::Running;
         tracing::info!(slots = ?self.slots, "partition running");
 
@@ -881,8 +898,12 @@ impl PartitionTask {
                 .map_err(SessionError::from_io)?;
             let started = add_elapsed(&time.fetch_us, fetch_started);
             if !ready {
-                ready = true;
-                self.status.first_call.lock().get_or_insert(started);
+                if fetched.is_empty() {
+                    self.status.first_fetch.lock().get_or_insert(started);
+                } else {
+                    ready = true;
+                    self.status.first_call.lock().get_or_insert(started);
+                }
             }
             // Processing-time timers and expiries fall due without records: every slot is
             // checked now and then, a quiet one too.

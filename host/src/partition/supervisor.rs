@@ -363,12 +363,15 @@ impl Baton {
                 }
                 (None, Some(k)) => {
                     let k = k.clone();
+                    // Clients a move's target made ready while warming: for the first session.
+                    let prepared = Mutex::new(self.prepared.lock().remove(&id));
                     Box::new(move || {
                         Ok(Box::new(KafkaIo::open(
                             k.clone(),
                             pipeline.clone(),
                             &id,
                             slots.clone(),
+                            prepared.lock().take(),
                         )?) as Box<dyn PartitionIo>)
                     })
                 }
@@ -422,7 +425,10 @@ impl Baton {
         if self.kafka.is_none() {
             return true;
         }
-        self.catch_up_control(std::time::Duration::from_secs(5));
+        // A move's target just recorded its own assignment: the catalog has it already.
+        if !self.taking_over.lock().remove(id) {
+            self.catch_up_control(std::time::Duration::from_secs(5));
+        }
         self.catalog
             .lock()
             .assignments

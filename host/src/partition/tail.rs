@@ -14,6 +14,9 @@ use crate::transport::kafka::{InputConsumer, KafkaTransport};
 /// A reader of a partition's changelogs, from where its RocksDB is.
 pub struct Tail {
     reader: InputConsumer,
+    /// Asked for the changelogs' ends: a client of its own, which never fetches, so that the
+    /// broker does not hold its questions behind the reader's long-polling fetches.
+    ends: InputConsumer,
     changelogs: Vec<String>,
     stores: Vec<String>,
     /// Per changelog partition read: (store index, slot, offset read from, end last seen).
@@ -33,6 +36,7 @@ impl Tail {
         db: &PartitionDb,
     ) -> anyhow::Result<Tail> {
         let reader = transport.input_consumer(&format!("{}.restore", pipeline.group_id()))?;
+        let ends = transport.input_consumer(&format!("{}.restore", pipeline.group_id()))?;
         let stores = pipeline.spec.state_stores();
         let changelogs: Vec<String> = stores.iter().map(|s| pipeline.changelog_topic(s)).collect();
         let mut parts = Vec::new();
@@ -41,8 +45,7 @@ impl Tail {
             for slot in slots.clone() {
                 let key = changelog_offset_key(&stores[si], slot);
                 let mut local = db.get_meta_u64(&key)?.unwrap_or(0);
-                let hi = reader.high_watermark(topic, slot)?;
-                let lo = reader.low_watermark(topic, slot)?;
+                let (lo, hi) = ends.watermarks(topic, slot)?;
                 if local > hi || (local > 0 && local < lo) {
                     tracing::warn!(
                         changelog = %topic,
@@ -64,6 +67,7 @@ impl Tail {
         reader.assign(&assign)?;
         Ok(Tail {
             reader,
+            ends,
             changelogs,
             stores,
             parts,
@@ -96,7 +100,7 @@ impl Tail {
     /// Asks the broker for the changelogs' ends again; answers how far behind them this is.
     pub fn refresh(&mut self) -> anyhow::Result<u64> {
         for (si, slot, _, hi) in &mut self.parts {
-            *hi = self.reader.high_watermark(&self.changelogs[*si], *slot)?;
+            *hi = self.ends.watermarks(&self.changelogs[*si], *slot)?.1;
         }
         Ok(self.behind())
     }
@@ -131,5 +135,16 @@ impl Tail {
             db.commit(writes.iter().map(WriteOp::as_ref), &meta)?;
         }
         Ok(n)
+    }
+
+    /// Closes the clients on a thread of their own: closing a consumer waits for its fetches
+    /// in flight, which nobody needs to wait for.
+    pub fn close_in_background(self) {
+        let spawned = std::thread::Builder::new()
+            .name("baton-close".into())
+            .spawn(move || drop(self));
+        if let Err(e) = spawned {
+            tracing::debug!("closing a changelog reader in the background: {e}");
+        }
     }
 }

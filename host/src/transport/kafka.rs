@@ -1115,7 +1115,9 @@ impl InputConsumer {
         Ok(self.watermarks(topic, partition)?.0)
     }
 
-    fn watermarks(&self, topic: &str, partition: u32) -> Result<(u64, u64), TransportError> {
+    /// The low and high watermarks of a topic partition, in one round trip. On a consumer
+    /// that is fetching, the broker answers after the fetch in flight: ask one that is not.
+    pub fn watermarks(&self, topic: &str, partition: u32) -> Result<(u64, u64), TransportError> {
         let (lo, hi) = self
             .consumer
             .fetch_watermarks(topic, partition as i32, Duration::from_secs(10))
@@ -1210,6 +1212,18 @@ impl BatchProducer {
         self.producer
             .init_transactions(TXN_TIMEOUT)
             .map_err(|e| kerr("init transactions", e))
+    }
+
+    /// Connects to a broker now (librdkafka connects only when it needs to). A transactional
+    /// producer that is not connected when `init_transactions` starts finds no broker to ask
+    /// for its coordinator, and librdkafka asks again only 500 ms later.
+    pub fn connect(&self, timeout: Duration) -> Result<(), TransportError> {
+        use rdkafka::producer::Producer as _;
+        self.producer
+            .client()
+            .fetch_metadata(None, timeout)
+            .map(|_| ())
+            .map_err(|e| kerr("producer metadata", e))
     }
 
     /// Starts a transaction.

@@ -1,0 +1,264 @@
+//! Handoff pauses of live moves: two `baton` processes on Kafka run word-count (exactly-once)
+//! in 2 partitions under a steady input of about 5,000 records/s, and one partition moves back
+//! and forth between them. Each move's pause is what the new owner records: from the old
+//! owner's final commit to its own first guest call. The table gives p50/p99/max per state
+//! size (the partition's keys), and where the time of a median move goes, step by step.
+//!
+//! `cargo bench -p baton-tests --bench handoff` (part of `bench/run`). BATON_BENCH_MOVES sets
+//! the moves per size (default 50); BATON_BENCH_KEYS the sizes (default `10000,1000000`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use baton_tests::{
+    ChildHost, TestProducer, cluster_name, group_offsets, kafka_bootstrap, wait_for,
+};
+use serde_json::{Value, json};
+
+const SLOTS: u32 = 4;
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    let i = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+/// The moves of `keys` keys: each move's pause and steps.
+async fn moves_of(keys: u64, moves: usize) -> anyhow::Result<Vec<(f64, Vec<(String, f64)>)>> {
+    let dirs: Vec<_> = (0..2)
+        .map(|_| tempfile::tempdir())
+        .collect::<Result<_, _>>()?;
+    let bootstrap = kafka_bootstrap();
+    let cluster = cluster_name(dirs[0].path());
+    let flags = |id: &'static str| {
+        vec![
+            "--kafka".to_string(),
+            bootstrap.clone(),
+            "--host-id".into(),
+            id.into(),
+            "--session-timeout".into(),
+            "6s".into(),
+        ]
+    };
+    let mut hosts = Vec::new();
+    for (i, id) in ["a", "b"].into_iter().enumerate() {
+        let f = flags(id);
+        hosts.push(
+            ChildHost::start_in(
+                dirs[i].path(),
+                &cluster,
+                &f.iter().map(String::as_str).collect::<Vec<_>>(),
+            )
+            .await?,
+        );
+    }
+    let api = hosts[0].api.clone();
+    wait_for("both hosts alive", Duration::from_secs(60), || async {
+        let r = api.get("/api/v1/hosts").await?;
+        let alive = r
+            .body
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|h| h["alive"] == true)
+            .count();
+        Ok((alive == 2).then_some(()))
+    })
+    .await?;
+    let input = baton_tests::unique("handoff-in");
+    api.upload_plugin("word-count", "word-count", "1").await?;
+    api.create_pipeline(json!({
+        "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
+        "stores": ["counts"], "slots": SLOTS, "partitions": 2, "guarantee": "exactly-once"
+    }))
+    .await?;
+    wait_for(
+        "both partitions running",
+        Duration::from_secs(60),
+        || async {
+            let ps = api.partitions().await?;
+            Ok((ps.len() == 2 && ps.iter().all(|p| p["state"] == "running")).then_some(()))
+        },
+    )
+    .await?;
+
+    // The state: `keys` distinct keys over both partitions (half in the one that moves).
+    let p = TestProducer::new()?;
+    let all = keys * 2;
+    let mut sent = 0u64;
+    while sent < all {
+        let n = (all - sent).min(20_000);
+        let recs: Vec<(String, String)> = (sent..sent + n)
+            .map(|i| (format!("key{i:09}"), "x".into()))
+            .collect();
+        p.send(&input, SLOTS, &recs).await?;
+        sent += n;
+    }
+    let group = format!("{cluster}.wc");
+    wait_for("the state loaded", Duration::from_secs(600), || async {
+        let done: u64 = group_offsets(&group, &input, SLOTS)?.iter().sum();
+        Ok((done >= all).then_some(()))
+    })
+    .await?;
+
+    // A steady input, about 5,000 records/s, over keys of the state.
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = {
+        let (stop, input) = (stop.clone(), input.clone());
+        tokio::spawn(async move {
+            let p = TestProducer::new()?;
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let recs: Vec<(String, String)> = (0..250)
+                    .map(|j| (format!("key{:09}", (i * 250 + j) * 7919 % all), "x".into()))
+                    .collect();
+                p.send(&input, SLOTS, &recs).await?;
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            anyhow::Ok(())
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let mut out = Vec::new();
+    for m in 0..moves {
+        let row: Value = api
+            .partitions()
+            .await?
+            .into_iter()
+            .find(|p| p["id"] == "wc-0")
+            .context("wc-0")?;
+        let to = if row["owner"] == "a" { "b" } else { "a" };
+        let started = Instant::now();
+        let r = api
+            .post_json("/api/v1/partitions/wc-0/move", &json!({ "to": to }))
+            .await?;
+        anyhow::ensure!(r.status == 202, "move {m}: {r:?}");
+        let id = r.body["move"].as_str().unwrap_or_default().to_string();
+        let done = wait_for(
+            &format!("move {m} done"),
+            Duration::from_secs(300),
+            || async {
+                let row = api
+                    .partitions()
+                    .await?
+                    .into_iter()
+                    .find(|p| p["id"] == "wc-0")
+                    .context("wc-0")?;
+                let mv = row["moves"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|x| x["id"] == id.as_str())
+                    .cloned();
+                match mv {
+                    Some(x) if x["phase"] == "abandoned" => {
+                        anyhow::bail!("move {m} abandoned: {x}")
+                    }
+                    Some(x) if x["phase"] == "done" && row["owner"] == to => Ok(Some(x)),
+                    _ => Ok(None),
+                }
+            },
+        )
+        .await?;
+        let pause = done["pause_ms"].as_f64().context("a pause")?;
+        let steps = done["steps"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| {
+                (
+                    s["step"].as_str().unwrap_or_default().to_string(),
+                    s["ms"].as_f64().unwrap_or(0.0),
+                )
+            })
+            .collect();
+        eprintln!(
+            "{keys} keys, move {m}: pause {pause:.1} ms ({:.1} s in all)",
+            started.elapsed().as_secs_f64()
+        );
+        out.push((pause, steps));
+    }
+    stop.store(true, Ordering::Relaxed);
+    producer.await??;
+    for h in hosts {
+        h.terminate()?;
+    }
+    Ok(out)
+}
+
+fn main() -> anyhow::Result<()> {
+    let moves: usize = std::env::var("BATON_BENCH_MOVES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
+    let sizes: Vec<u64> = std::env::var("BATON_BENCH_KEYS")
+        .unwrap_or_else(|_| "10000,1000000".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let mut rows = Vec::new();
+    for keys in sizes {
+        let got = rt.block_on(moves_of(keys, moves))?;
+        rows.push((keys, got));
+    }
+    println!(
+        "handoff pauses of live moves (2 hosts, word-count exactly-once, ~5,000 records/s, \
+         {moves} moves per size)\n"
+    );
+    println!("| keys in the partition | moves | pause p50 ms | p99 ms | max ms |");
+    println!("|---:|---:|---:|---:|---:|");
+    for (keys, got) in &rows {
+        let mut p: Vec<f64> = got.iter().map(|g| g.0).collect();
+        p.sort_by(f64::total_cmp);
+        println!(
+            "| {keys} | {} | {:.1} | {:.1} | {:.1} |",
+            p.len(),
+            quantile(&p, 0.5),
+            quantile(&p, 0.99),
+            p[p.len() - 1]
+        );
+    }
+    println!("\nwhere the pause goes (ms per step, median over the moves)\n");
+    let names: Vec<String> = rows
+        .first()
+        .and_then(|(_, g)| g.first())
+        .map(|(_, s)| s.iter().map(|(n, _)| n.clone()).collect())
+        .unwrap_or_default();
+    print!("| keys |");
+    for n in &names {
+        print!(" {n} |");
+    }
+    println!();
+    print!("|---:|");
+    for _ in &names {
+        print!("---:|");
+    }
+    println!();
+    for (keys, got) in &rows {
+        let mut by: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+        for (_, steps) in got {
+            for (n, ms) in steps {
+                by.entry(n).or_default().push(*ms);
+            }
+        }
+        print!("| {keys} |");
+        for n in &names {
+            let mut v = by.get(n.as_str()).cloned().unwrap_or_default();
+            v.sort_by(f64::total_cmp);
+            if v.is_empty() {
+                print!(" - |");
+            } else {
+                print!(" {:.1} |", quantile(&v, 0.5));
+            }
+        }
+        println!();
+    }
+    Ok(())
+}
