@@ -135,6 +135,8 @@ pub struct Baton {
     /// Partitions whose assignment this host just recorded itself (a move's take-over): their
     /// first ownership check needs no control-log catch-up.
     pub(crate) taking_over: Mutex<std::collections::BTreeSet<String>>,
+    /// Standby replicas kept here, by partition.
+    pub(crate) standbys: Mutex<BTreeMap<String, crate::cluster::standby::StandbyRun>>,
 }
 
 impl Baton {
@@ -209,6 +211,7 @@ impl Baton {
             pauses: Mutex::new(Default::default()),
             prepared: Mutex::new(BTreeMap::new()),
             taking_over: Mutex::new(Default::default()),
+            standbys: Mutex::new(BTreeMap::new()),
         });
         baton.join_cluster()?;
         for m in &baton.config.native_modules {
@@ -384,6 +387,10 @@ impl Baton {
         }
         // Committed and stopped: their next owners may start now.
         self.hand_off();
+        let standbys: Vec<String> = self.standbys.lock().keys().cloned().collect();
+        for p in standbys {
+            self.stop_standby(&p);
+        }
         self.background_stop.store(true, Ordering::Relaxed);
         let threads: Vec<_> = self.background.lock().drain(..).collect();
         for t in threads {

@@ -456,3 +456,134 @@ async fn partitions_move_live_with_exact_counts_and_answers_during_moves() -> an
     drop(child);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_is_kept_warm_and_promoted_on_failover_without_a_full_restore()
+-> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dirs: Vec<_> = (0..2)
+        .map(|_| tempfile::tempdir())
+        .collect::<Result<_, _>>()?;
+    let cluster = cluster_name(dirs[1].path());
+    let a = member(dirs[0].path(), &cluster, "a").await?;
+    let c = ChildHost::start(
+        dirs[1].path(),
+        &[
+            "--kafka",
+            &kafka_bootstrap(),
+            "--host-id",
+            "c",
+            "--session-timeout",
+            "6s",
+        ],
+    )
+    .await?;
+    wait_for("two live hosts", Duration::from_secs(60), || async {
+        let r = a.api.get("/api/v1/hosts").await?;
+        let alive = r
+            .body
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|h| h["alive"] == true)
+            .count();
+        Ok((alive == 2).then_some(()))
+    })
+    .await?;
+    let input = baton_tests::unique("sb-in");
+    a.api.upload_plugin("word-count", "word-count", "1").await?;
+    // More standbys than other hosts: as many as there are.
+    let r = a
+        .api
+        .post_json(
+            "/api/v1/pipelines",
+            &json!({"name": "bad", "module": "word-count", "version": "1", "inputs": [input],
+                    "stores": ["counts"], "slots": 4, "partitions": 2, "standbys": 9}),
+        )
+        .await?;
+    assert_eq!(r.status, 400, "{r:?}");
+    assert!(r.body.to_string().contains("standbys"), "{r:?}");
+    a.api
+        .create_pipeline(json!({
+            "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
+            "stores": ["counts"], "slots": 4, "partitions": 2, "standbys": 1,
+            "guarantee": "exactly-once"
+        }))
+        .await?;
+
+    let producer = baton_tests::TestProducer::new()?;
+    let keys = baton_tests::words(20_000, 3_000, 77);
+    let recs: Vec<(String, String)> = keys.iter().map(|k| (k.clone(), "x".into())).collect();
+    producer.send(&input, 4, &recs).await?;
+    let group = format!("{cluster}.wc");
+    let committed = |n: u64| {
+        let (input, group) = (input.clone(), group.clone());
+        async move {
+            let done: u64 = baton_tests::group_offsets(&group, &input, 4)?.iter().sum();
+            Ok((done >= n).then_some(()))
+        }
+    };
+    wait_for("the records committed", Duration::from_secs(60), || {
+        committed(20_000)
+    })
+    .await?;
+    // Each partition runs on one host and is kept warm on the other, caught up.
+    let on_c = wait_for(
+        "a warm standby of each partition on the other host",
+        Duration::from_secs(60),
+        || async {
+            let rows = a.api.partitions().await?;
+            let warm = rows.len() == 2
+                && rows.iter().all(|p| {
+                    let other = if p["owner"] == "a" { "c" } else { "a" };
+                    p["state"] == "running"
+                        && p["replicas"].as_array().is_some_and(|r| {
+                            r.len() == 1
+                                && r[0]["host"] == other
+                                && r[0]["role"] == "standby"
+                                && r[0]["lag"] == 0
+                        })
+                });
+            let on_c: Vec<String> = rows
+                .iter()
+                .filter(|p| p["owner"] == "c")
+                .map(|p| p["id"].as_str().unwrap_or_default().to_string())
+                .collect();
+            Ok((warm && on_c.len() == 1).then_some(on_c))
+        },
+    )
+    .await?;
+
+    // kill -9 of c: its partition is promoted on a, whose standby had the state: the restore
+    // reads only what the standby had not applied (nothing, here), not the whole changelog.
+    c.kill9()?;
+    let more = baton_tests::words(4_000, 3_000, 78);
+    let recs: Vec<(String, String)> = more.iter().map(|k| (k.clone(), "x".into())).collect();
+    producer.send(&input, 4, &recs).await?;
+    let promoted = wait_for(
+        "c's partition promoted on a",
+        Duration::from_secs(60),
+        || async {
+            let rows = a.api.partitions().await?;
+            Ok(rows.into_iter().find(|p| {
+                p["id"] == on_c[0].as_str() && p["owner"] == "a" && p["state"] == "running"
+            }))
+        },
+    )
+    .await?;
+    let restored = promoted["restore"]["total"].as_u64().unwrap_or(u64::MAX);
+    assert!(
+        restored < 100,
+        "the promoted standby restored {restored} changelog records: {promoted}"
+    );
+    wait_for("every record committed", Duration::from_secs(90), || {
+        committed(24_000)
+    })
+    .await?;
+    let want = baton_tests::count(keys.iter().chain(&more).map(String::as_str));
+    for (k, n) in &want {
+        assert_eq!(count_at(&a.api, k).await?, Some(*n), "count of {k}");
+    }
+    a.stop().await?;
+    Ok(())
+}

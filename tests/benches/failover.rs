@@ -3,7 +3,9 @@
 //! `kill -9` (noticed when its group session of 6 s times out) or by SIGTERM (it leaves the
 //! group at once), and the table shows, from that moment, when its partition runs on the other
 //! host (`takeover`) and when that host first commits the partition's input (`first commit`).
-//! No standbys and no warm-up yet: the new owner restores the partition from its changelog.
+//! After `kill -9` without a standby the new owner restores the partition from its changelog;
+//! with one (`"standbys": 1`) it promotes its warm copy; on SIGTERM the host moves its
+//! partitions away warm before it exits.
 //!
 //! `cargo bench -p baton-tests --bench failover` (part of `bench/run`); BATON_BENCH_ROUNDS sets
 //! the rounds per way (default 3).
@@ -38,7 +40,7 @@ async fn table(api: &baton_tests::Api) -> anyhow::Result<Vec<(String, String, u6
 }
 
 /// One round: returns (takeover, first commit) after the host is taken away.
-async fn round(kill: bool) -> anyhow::Result<(Duration, Duration)> {
+async fn round(kill: bool, standbys: u32) -> anyhow::Result<(Duration, Duration)> {
     let dirs: Vec<_> = (0..2)
         .map(|_| tempfile::tempdir())
         .collect::<Result<_, _>>()?;
@@ -86,7 +88,7 @@ async fn round(kill: bool) -> anyhow::Result<(Duration, Duration)> {
     a.api
         .create_pipeline(json!({
             "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
-            "stores": ["counts"], "slots": SLOTS, "partitions": 2
+            "stores": ["counts"], "slots": SLOTS, "partitions": 2, "standbys": standbys
         }))
         .await?;
     let placed = wait_for(
@@ -175,14 +177,16 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    println!(
-        "failover of a word-count partition (2 hosts, ~5,000 records/s, 6 s sessions, no standby)\n"
-    );
+    println!("failover of a word-count partition (2 hosts, ~5,000 records/s, 6 s sessions)\n");
     println!("| how the owner goes | round | takeover s | first commit s |");
     println!("|---|---:|---:|---:|");
-    for (kill, how) in [(true, "kill -9"), (false, "SIGTERM")] {
+    for (kill, standbys, how) in [
+        (true, 0, "kill -9, no standby"),
+        (true, 1, "kill -9, 1 standby"),
+        (false, 0, "SIGTERM (warm moves)"),
+    ] {
         for r in 0..rounds {
-            let (takeover, first) = rt.block_on(round(kill))?;
+            let (takeover, first) = rt.block_on(round(kill, standbys))?;
             println!(
                 "| {how} | {} | {:.2} | {:.2} |",
                 r + 1,

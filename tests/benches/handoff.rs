@@ -177,8 +177,9 @@ async fn moves_of(keys: u64, moves: usize) -> anyhow::Result<Vec<(f64, Vec<(Stri
             })
             .collect();
         eprintln!(
-            "{keys} keys, move {m}: pause {pause:.1} ms ({:.1} s in all)",
-            started.elapsed().as_secs_f64()
+            "{keys} keys, move {m}: pause {pause:.1} ms ({:.1} s in all), steps {}",
+            started.elapsed().as_secs_f64(),
+            done["steps"]
         );
         out.push((pause, steps));
     }

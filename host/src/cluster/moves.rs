@@ -181,6 +181,7 @@ impl Baton {
             {
                 self.follow_assignments(&m.pipeline);
             }
+            MovePhase::Abandoned | MovePhase::Done => self.follow_standbys(),
             _ => {}
         }
     }
@@ -218,6 +219,8 @@ impl Baton {
     /// The target's side of a move, from warming to done or abandoned.
     fn drive_move(&self, m: MoveRecord) {
         let started = Instant::now();
+        // A standby of the partition here becomes the warming replica: one reader at a time.
+        self.stop_standby(&m.partition);
         let outcome = self.warm_and_take_over(&m);
         self.replicas.write().remove(&m.partition);
         match outcome {

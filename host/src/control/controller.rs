@@ -20,18 +20,27 @@ use crate::control::{AssignmentRecord, ControlEvent, PipelineRecord, now_ms};
 /// How often the controller looks at the hosts and the assignments.
 const TICK: Duration = Duration::from_millis(250);
 
-/// The assignments that give every partition of `pipelines` a live owner: a partition keeps an
-/// owner that is alive; one without (new, or its owner gone) goes to the live host with the
-/// fewest partitions (ties by id), at the next epoch. `alive` must not be empty.
+/// The assignments that give every partition of `pipelines` a live owner and its standbys: a
+/// partition keeps an owner that is alive; one without (new, or its owner gone) goes to its
+/// first live standby (warm already) or else to the live host with the fewest partitions (ties
+/// by id), at the next epoch. Each keeps `standbys` live standbys other than its owner, the
+/// ones it has first, then the live hosts with the fewest copies; a change of standbys alone
+/// keeps the epoch. `alive` must not be empty.
 pub fn plan(
     pipelines: &[PipelineRecord],
     current: &BTreeMap<String, AssignmentRecord>,
     alive: &[String],
 ) -> Vec<AssignmentRecord> {
     let mut load: BTreeMap<&str, usize> = alive.iter().map(|h| (h.as_str(), 0)).collect();
+    let mut copies: BTreeMap<&str, usize> = alive.iter().map(|h| (h.as_str(), 0)).collect();
     for a in current.values() {
         if let Some(n) = load.get_mut(a.owner.as_str()) {
             *n += 1;
+        }
+        for s in &a.standbys {
+            if let Some(n) = copies.get_mut(s.as_str()) {
+                *n += 1;
+            }
         }
     }
     let mut changes = Vec::new();
@@ -39,21 +48,64 @@ pub fn plan(
         for (i, slots) in p.spec.initial_ranges().into_iter().enumerate() {
             let id = format!("{}-{i}", p.spec.name);
             let old = current.get(&id);
-            if old.is_some_and(|a| load.contains_key(a.owner.as_str())) {
-                continue;
-            }
-            let Some((&owner, _)) = load.iter().min_by_key(|(h, n)| (**n, **h)) else {
-                return changes;
+            let owner = match old {
+                Some(a) if load.contains_key(a.owner.as_str()) => a.owner.clone(),
+                _ => {
+                    let standby = old.and_then(|a| {
+                        a.standbys
+                            .iter()
+                            .find(|s| load.contains_key(s.as_str()))
+                            .cloned()
+                    });
+                    let owner = match standby {
+                        Some(s) => s,
+                        None => match load.iter().min_by_key(|(h, n)| (**n, **h)) {
+                            Some((h, _)) => h.to_string(),
+                            None => return changes,
+                        },
+                    };
+                    *load.get_mut(owner.as_str()).expect("a live host") += 1;
+                    owner
+                }
             };
-            *load.get_mut(owner).expect("a live host") += 1;
-            changes.push(AssignmentRecord {
-                pipeline: p.spec.name.clone(),
-                partition: id,
-                slots: [slots.start, slots.end],
-                owner: owner.to_string(),
-                epoch: old.map_or(1, |a| a.epoch + 1),
-                at: now_ms(),
-            });
+            let want = (p.spec.standbys as usize).min(alive.len().saturating_sub(1));
+            let mut standbys: Vec<String> = old
+                .map(|a| {
+                    a.standbys
+                        .iter()
+                        .filter(|s| **s != owner && copies.contains_key(s.as_str()))
+                        .take(want)
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default();
+            while standbys.len() < want {
+                let Some((&h, _)) = copies
+                    .iter()
+                    .filter(|(h, _)| **h != owner && !standbys.iter().any(|s| s == *h))
+                    .min_by_key(|(h, n)| (**n, **h))
+                else {
+                    break;
+                };
+                *copies.get_mut(h).expect("a live host") += 1;
+                standbys.push(h.to_string());
+            }
+            let moved = old.is_none_or(|a| a.owner != owner);
+            if moved || old.is_some_and(|a| a.standbys != standbys) {
+                changes.push(AssignmentRecord {
+                    pipeline: p.spec.name.clone(),
+                    partition: id,
+                    slots: [slots.start, slots.end],
+                    owner,
+                    epoch: match old {
+                        Some(a) if moved => a.epoch + 1,
+                        Some(a) => a.epoch,
+                        None => 1,
+                    },
+                    standbys,
+                    at: now_ms(),
+                });
+            }
         }
     }
     changes

@@ -150,6 +150,8 @@ impl Baton {
     /// Starts and stops this host's partitions of `pipeline` to match the catalog's
     /// assignments.
     pub(crate) fn follow_assignments(&self, pipeline: &str) {
+        // A standby of a partition this host now owns stops before the partition starts.
+        self.follow_standbys();
         if !self.runs.read().contains_key(pipeline) {
             return;
         }

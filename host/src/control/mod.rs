@@ -145,6 +145,10 @@ pub struct AssignmentRecord {
     pub owner: String,
     /// Bumped on each change of owner: a host acts only on the newest epoch it has read.
     pub epoch: u64,
+    /// Hosts that keep a warm copy (standbys), in the order a failover promotes them. A change
+    /// of standbys alone keeps the epoch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub standbys: Vec<String>,
     /// When (ms since the epoch).
     pub at: i64,
 }
@@ -284,6 +288,7 @@ mod tests {
                 slots: [0, 2],
                 owner: owner.into(),
                 epoch,
+                standbys: Vec::new(),
                 at: 0,
             })
         };
@@ -374,9 +379,13 @@ impl Catalog {
                 // The newer epoch wins; at one epoch (the creator of a pipeline and the
                 // controller may both write epoch 1), the smaller host id, so that every host
                 // keeps the same one whatever order it applied them in.
+                // A new list of standbys for the same owner at the same epoch replaces the old.
                 let newer = self.assignments.get(&a.partition).is_none_or(|old| {
                     (a.epoch, std::cmp::Reverse(&a.owner))
                         > (old.epoch, std::cmp::Reverse(&old.owner))
+                        || (a.epoch == old.epoch
+                            && a.owner == old.owner
+                            && (a.at, &a.standbys) >= (old.at, &old.standbys))
                 });
                 if newer && self.pipelines.contains_key(&a.pipeline) {
                     self.assignments.insert(a.partition.clone(), a);

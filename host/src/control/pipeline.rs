@@ -57,6 +57,10 @@ pub struct PipelineSpec {
     /// `partitions = 1`: how many partitions (slot ranges) to start with.
     #[serde(default = "default_partitions")]
     pub partitions: u32,
+    /// `standbys = 1`: warm copies of each partition kept on other hosts (Kafka clusters),
+    /// which a failover promotes instead of restoring from the changelogs; 0 to 3.
+    #[serde(default)]
+    pub standbys: u32,
     /// `guarantee = "exactly-once"` or `"at-least-once"`.
     #[serde(default)]
     pub guarantee: Guarantee,
@@ -164,6 +168,12 @@ impl PipelineSpec {
         names::check_pipeline_name(&self.name)?;
         if self.inputs.is_empty() {
             return Err("`inputs` must name at least one topic".into());
+        }
+        if self.standbys > 3 {
+            return Err(format!(
+                "standbys = {} is out of range: use 0 to 3",
+                self.standbys
+            ));
         }
         for t in self.inputs.iter().chain(self.outputs.iter()) {
             validate_topic_name(t).map_err(|e| e.to_string())?;

@@ -275,7 +275,9 @@ impl Baton {
             on_rollback,
         });
         self.runs.write().insert(spec.name.clone(), run);
-        self.assign(&spec.name, &self.local_assignments(&spec.name))
+        self.assign(&spec.name, &self.local_assignments(&spec.name))?;
+        self.follow_standbys();
+        Ok(())
     }
 
     /// Starts and stops this host's partitions of `pipeline` to match `assignments`: one not
