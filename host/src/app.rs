@@ -30,6 +30,9 @@ pub struct HostConfig {
     pub data_dir: PathBuf,
     /// Bytes of RocksDB block cache and memtables shared by all partitions of the host.
     pub state_memory: usize,
+    /// Bytes of disk the state of the host's partitions and replicas may take
+    /// (`--state-disk`); `None`: no bound.
+    pub state_disk: Option<u64>,
     /// Partition loop tuning.
     pub task: TaskConfig,
     /// Name of this host in the partition table and the cluster (`--host-id`); `None` takes
@@ -62,6 +65,7 @@ impl HostConfig {
         HostConfig {
             data_dir: data_dir.into(),
             state_memory: 512 << 20,
+            state_disk: None,
             task: TaskConfig::default(),
             host_id: None,
             advertise: None,

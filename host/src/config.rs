@@ -15,6 +15,10 @@ pub struct FileConfig {
     pub http: Option<SocketAddr>,
     /// `state_memory = "512MiB"`: RocksDB memory bound shared by all partitions of the host.
     pub state_memory: Option<String>,
+    /// `state_disk = "50GiB"`: disk bound of the host's state; replicas that would break it
+    /// are refused.
+    #[serde(default)]
+    pub state_disk: Option<String>,
     /// `max_batch = 8192`: most records per committed batch.
     pub max_batch: Option<usize>,
     /// `max_call = 512`: most records per guest call.

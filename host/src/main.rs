@@ -102,6 +102,10 @@ struct RunArgs {
     /// RocksDB memory shared by all partitions, e.g. 512MiB [default: 512MiB].
     #[arg(long)]
     state_memory: Option<String>,
+    /// Disk the state of this host's partitions and replicas may take, e.g. 50GiB [default:
+    /// no bound]: a warming replica or a standby that would break it is refused, with the reason.
+    #[arg(long)]
+    state_disk: Option<String>,
     /// Most records per committed batch [default: 8192].
     #[arg(long)]
     max_batch: Option<usize>,
@@ -255,6 +259,10 @@ fn run(args: RunArgs, token: Option<String>) -> anyhow::Result<()> {
         .or(file.http)
         .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
     let mut config = HostConfig::new(&data_dir);
+    if let Some(d) = args.state_disk.or(file.state_disk) {
+        config.state_disk =
+            Some(parse_size(&d).map_err(|e| anyhow::anyhow!("--state-disk: {e}"))? as u64);
+    }
     if let Some(m) = args.state_memory.or(file.state_memory) {
         config.state_memory = parse_size(&m).map_err(|e| anyhow::anyhow!("--state-memory: {e}"))?;
     }

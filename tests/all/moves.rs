@@ -587,3 +587,99 @@ async fn a_standby_is_kept_warm_and_promoted_on_failover_without_a_full_restore(
     a.stop().await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_to_a_host_over_its_disk_bound_is_abandoned_and_the_owner_goes_on()
+-> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dirs: Vec<_> = (0..2)
+        .map(|_| tempfile::tempdir())
+        .collect::<Result<_, _>>()?;
+    let cluster = cluster_name(dirs[0].path());
+    let a = member(dirs[0].path(), &cluster, "a").await?;
+    let b = {
+        let cluster = cluster.clone();
+        InProcess::start_configured(dirs[1].path(), Some(&kafka_bootstrap()), move |c| {
+            c.cluster = cluster;
+            c.host_id = Some("b".into());
+            c.session_timeout = Duration::from_secs(6);
+            c.state_disk = Some(1);
+        })
+        .await?
+    };
+    wait_for("two live hosts", Duration::from_secs(60), || async {
+        let r = a.api.get("/api/v1/hosts").await?;
+        let alive = r
+            .body
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|h| h["alive"] == true);
+        Ok((alive.count() == 2).then_some(()))
+    })
+    .await?;
+    let input = baton_tests::unique("disk-in");
+    a.api.upload_plugin("word-count", "word-count", "1").await?;
+    a.api
+        .create_pipeline(json!({
+            "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
+            "stores": ["counts"], "slots": 2, "partitions": 1
+        }))
+        .await?;
+    let owner = wait_for("the partition running", Duration::from_secs(60), || async {
+        let p = row(&a.api, "wc-0").await?;
+        Ok((p["state"] == "running").then(|| p["owner"].as_str().unwrap_or_default().to_string()))
+    })
+    .await?;
+    let producer = baton_tests::TestProducer::new()?;
+    let keys = baton_tests::words(2_000, 100, 5);
+    let recs: Vec<(String, String)> = keys.iter().map(|k| (k.clone(), "x".into())).collect();
+    producer.send(&input, 2, &recs).await?;
+    a.api
+        .wait_caught_up("wc", 2_000, Duration::from_secs(60))
+        .await?;
+    // Created on a, with both hosts live and neither owning anything: a owns it (ties go to
+    // the smaller id). Any replica of it breaks b's 1-byte bound: the move is abandoned, by name.
+    assert_eq!(owner, "a");
+    let target = "b";
+    let r = a
+        .api
+        .post_json("/api/v1/partitions/wc-0/move", &json!({"to": target}))
+        .await?;
+    assert_eq!(r.status, 202, "{r:?}");
+    let id = r.body["move"].as_str().unwrap_or_default().to_string();
+    let abandoned = wait_for("the move abandoned", Duration::from_secs(60), || async {
+        let p = row(&a.api, "wc-0").await?;
+        Ok(p["moves"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["id"] == id.as_str() && m["phase"] == "abandoned")
+            .cloned())
+    })
+    .await?;
+    assert!(
+        abandoned["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("--state-disk"),
+        "{abandoned}"
+    );
+    // The owner goes on: the partition stays on a at its epoch, and new records count.
+    let more = baton_tests::words(500, 100, 6);
+    let recs: Vec<(String, String)> = more.iter().map(|k| (k.clone(), "x".into())).collect();
+    producer.send(&input, 2, &recs).await?;
+    a.api
+        .wait_caught_up("wc", 2_500, Duration::from_secs(60))
+        .await?;
+    let p = row(&a.api, "wc-0").await?;
+    assert_eq!(p["owner"], "a", "{p}");
+    assert_eq!(p["epoch"], 1, "{p}");
+    let want = baton_tests::count(keys.iter().chain(&more).map(String::as_str));
+    for (k, n) in &want {
+        assert_eq!(count_at(&a.api, k).await?, Some(*n), "count of {k}");
+    }
+    b.stop().await?;
+    a.stop().await?;
+    Ok(())
+}

@@ -272,6 +272,7 @@ impl Baton {
             ));
         }
         let slots = assignment.slots[0]..assignment.slots[1];
+        self.check_state_disk(&m.partition)?;
         let path = self.partition_path(&m.pipeline, &m.partition);
         let db = self
             .state
@@ -596,6 +597,28 @@ impl Baton {
             .collect()
     }
 
+    /// Refuses a replica of `partition` here when this host's state on disk, with the
+    /// partition's state as its owner reports it, would break `--state-disk`.
+    pub(crate) fn check_state_disk(&self, partition: &str) -> std::result::Result<(), String> {
+        let Some(bound) = self.config.state_disk else {
+            return Ok(());
+        };
+        let used = dir_size(&self.config.data_dir.join("state"));
+        let adds = self
+            .partitions()
+            .into_iter()
+            .find(|p| p.id == partition)
+            .map_or(0, |p| p.state_bytes);
+        if used + adds > bound {
+            return Err(format!(
+                "host `{}` refuses a replica of `{partition}`: its state takes {used} bytes on disk \
+                 and the partition's about {adds} more, over its --state-disk bound of {bound} bytes",
+                self.host_id
+            ));
+        }
+        Ok(())
+    }
+
     /// Where a partition's RocksDB lives on this host.
     pub(crate) fn partition_path(&self, pipeline: &str, partition: &str) -> std::path::PathBuf {
         self.config
@@ -657,6 +680,21 @@ impl Pauses {
     pub fn all(&self) -> &[f64] {
         &self.all
     }
+}
+
+/// Bytes of the files under `dir`, recursively (0 when it does not exist).
+fn dir_size(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_size(&e.path()),
+            Ok(_) => e.metadata().map_or(0, |m| m.len()),
+            Err(_) => 0,
+        })
+        .sum()
 }
 
 /// The `q` quantile (0 to 1) of `values`, nearest rank; `None` when empty.

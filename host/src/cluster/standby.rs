@@ -120,6 +120,7 @@ fn run_standby(
         }
         let outcome = (|| -> anyhow::Result<()> {
             let kafka = b.kafka.clone().ok_or_else(|| anyhow::anyhow!("no Kafka"))?;
+            b.check_state_disk(partition).map_err(anyhow::Error::msg)?;
             let record = b
                 .catalog
                 .lock()
@@ -165,9 +166,9 @@ fn run_standby(
             if !b.wanted_standbys().contains_key(partition) {
                 return;
             }
-            tracing::warn!(partition, "standby: {e:#}; starting over in 1 s");
+            tracing::warn!(partition, "standby: {e:#}; starting over in 5 s");
             drop(b);
-            let until = Instant::now() + Duration::from_secs(1);
+            let until = Instant::now() + Duration::from_secs(5);
             while Instant::now() < until && !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(50));
             }

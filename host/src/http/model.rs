@@ -37,6 +37,9 @@ pub struct PartitionInfo {
     pub records: u64,
     /// Records dead-lettered since the host started.
     pub dead_letters: u64,
+    /// Approximate bytes of its state on the owner (live SST data and memtables).
+    #[serde(default)]
+    pub state_bytes: u64,
     /// Last processing error.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
@@ -81,6 +84,7 @@ impl PartitionInfo {
             lag: 0,
             records: 0,
             dead_letters: 0,
+            state_bytes: 0,
             last_error: None,
             time_ms: Default::default(),
             version: String::new(),

@@ -593,6 +593,7 @@ impl Baton {
                     lag,
                     records: h.status.records.load(Ordering::Relaxed),
                     dead_letters: h.status.dead_letters.load(Ordering::Relaxed),
+                    state_bytes: h.db.approximate_size(),
                     last_error: h.status.last_error.lock().clone(),
                     time_ms: h.status.time.snapshot(),
                     version: h.status.version.lock().clone(),
