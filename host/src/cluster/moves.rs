@@ -404,6 +404,13 @@ impl Baton {
             });
             if let (Some((name, at)), Some(h)) = (ready, handle) {
                 marks.extend(h.status.steps.lock().iter().copied());
+                let name =
+                    if name == "first-call" && !h.status.waiting_at_start.load(Ordering::Relaxed) {
+                        // Nothing was waiting: ready at its first fetch.
+                        "first-fetch"
+                    } else {
+                        name
+                    };
                 marks.push((name, at));
                 marks.sort_by_key(|(_, t)| *t);
                 let mut steps = Vec::new();

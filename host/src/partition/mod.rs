@@ -22,7 +22,7 @@ pub use swap::{ModuleTarget, RollbackHook, Settings, SwapOutcome, SwapReport, Sw
 
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -200,6 +200,8 @@ pub struct PartitionStatus {
     pub first_call: Mutex<Option<Instant>>,
     /// When its first fetch here returned, with records or not.
     pub first_fetch: Mutex<Option<Instant>>,
+    /// Whether input records were waiting when its first session here began processing.
+    pub waiting_at_start: AtomicBool,
     /// When each step of the first session's start ended (for a move's pause breakdown).
     pub steps: Mutex<Vec<(&'static str, Instant)>>,
 }
@@ -338,6 +340,7 @@ impl PartitionStatus {
             replay: Mutex::new(Vec::new()),
             first_call: Mutex::new(None),
             first_fetch: Mutex::new(None),
+            waiting_at_start: AtomicBool::new(true),
             steps: Mutex::new(Vec::new()),
         }
     }
@@ -778,6 +781,10 @@ impl PartitionTask {
             .positions(&self.db, &self.replays.ranges())
             .map_err(SessionError::Retry)?;
         self.update_progress(io.as_mut(), &next);
+        let waiting = self.status.progress.lock().iter().any(|p| p.end > p.offset);
+        self.status
+            .waiting_at_start
+            .store(waiting, Ordering::Relaxed);
         step("positions");
         *self.status.phase.lock() = Phase::Running;
         tracing::info!(slots = ?self.slots, "partition running");
@@ -882,6 +889,12 @@ impl PartitionTask {
                 return Err(SessionError::Restart);
             }
             let fetch_started = Instant::now();
+            if !ready && !self.status.waiting_at_start.load(Ordering::Relaxed) {
+                // No record was waiting when processing began: the pause of a take-over ends
+                // as the first fetch starts (nothing to process before it).
+                ready = true;
+                self.status.first_call.lock().get_or_insert(fetch_started);
+            }
             // After Kafka refused a record for good, the records of that batch go one per
             // commit until they are past.
             let max_batch = if isolating { 1 } else { self.config.max_batch };
@@ -898,6 +911,7 @@ impl PartitionTask {
                 .map_err(SessionError::from_io)?;
             let started = add_elapsed(&time.fetch_us, fetch_started);
             if !ready {
+                // The pause of a take-over ends at the first guest call.
                 if fetched.is_empty() {
                     self.status.first_fetch.lock().get_or_insert(started);
                 } else {
