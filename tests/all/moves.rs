@@ -436,6 +436,23 @@ async fn partitions_move_live_with_exact_counts_and_answers_during_moves() -> an
             );
         }
     }
+    // A hot swap asked of one host answers for every partition of the cluster.
+    apis[1]
+        .upload_plugin("word-count", "word-count", "2")
+        .await?;
+    let r = apis[1]
+        .put_json("/api/v1/pipelines/wc/module", &json!({"version": "2"}))
+        .await?;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body["outcome"], "swapped", "{r:?}");
+    let swapped: Vec<&str> = r.body["partitions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["report"]["outcome"] == "swapped" && p["report"]["version"] == "2")
+        .filter_map(|p| p["id"].as_str())
+        .collect();
+    assert_eq!(swapped, ["wc-0", "wc-1", "wc-2"], "{r:?}");
     // The pauses reach /metrics of the hosts that took partitions over.
     let mut in_metrics = 0;
     for api in &apis {

@@ -54,6 +54,7 @@ impl Baton {
             tracing::info!(pipeline, from = %spec.version, version, "hot swap requested");
             (target.set(version.into(), module), target)
         };
+        let requested = now_ms();
         let parts = self.pipeline_partitions(pipeline);
         let deadline = Instant::now() + wait;
         let reported = |h: &PartitionHandle| {
@@ -64,17 +65,46 @@ impl Baton {
                 .clone()
                 .filter(|r| r.generation >= generation)
         };
+        // Partitions on other hosts swap when their hosts follow the event; their reports come
+        // with the hosts' load reports (once a second), within a second of clock skew.
+        let remote = || -> Vec<SwapPartition> {
+            if self.kafka.is_none() {
+                return Vec::new();
+            }
+            self.partitions()
+                .into_iter()
+                .filter(|p| p.pipeline == pipeline && p.owner != self.host_id)
+                .map(|p| SwapPartition {
+                    id: p.id,
+                    report: p
+                        .last_swap
+                        .filter(|r| r.version == version && r.at >= requested - 1_000),
+                })
+                .collect()
+        };
+        let mut last_remote_look = Instant::now();
+        let mut others = remote();
         loop {
             let moved_on = target.generation() != generation;
-            let all = parts.iter().all(|h| reported(h).is_some());
-            if all || moved_on || Instant::now() > deadline {
+            if last_remote_look.elapsed() >= Duration::from_millis(50) {
+                others = remote();
+                last_remote_look = Instant::now();
+            }
+            let all = parts.iter().all(|h| reported(h).is_some())
+                && others.iter().all(|p| p.report.is_some());
+            let refused = others.iter().any(|p| {
+                p.report
+                    .as_ref()
+                    .is_some_and(|r| r.outcome == SwapOutcome::RolledBack)
+            });
+            if all || moved_on || refused || Instant::now() > deadline {
                 break;
             }
             std::thread::sleep(Duration::from_millis(2));
         }
         // A rollback by any partition takes the whole pipeline back.
         let mut reason = None;
-        let partitions: Vec<SwapPartition> = parts
+        let mut partitions: Vec<SwapPartition> = parts
             .iter()
             .map(|h| {
                 let report = reported(h);
@@ -90,6 +120,15 @@ impl Baton {
                 }
             })
             .collect();
+        for p in others {
+            if let Some(r) = &p.report
+                && r.outcome == SwapOutcome::RolledBack
+            {
+                reason = reason.take().or_else(|| r.reason.clone());
+            }
+            partitions.push(p);
+        }
+        partitions.sort_by(|a, b| a.id.cmp(&b.id));
         if reason.is_some() {
             // A partition refused the version: the rollback is recorded on a thread of its own.
             // Answer once it is in the log and the catalog (or, if it cannot be recorded, at

@@ -516,6 +516,7 @@ impl PartitionTask {
             // Same code (e.g. the pipeline went back to what this partition already runs).
             *self.status.version.lock() = target.version.clone();
             self.status.swap.record(SwapReport {
+                at: crate::control::now_ms(),
                 generation: target.generation,
                 version: target.version.clone(),
                 outcome: SwapOutcome::Swapped,
@@ -554,6 +555,7 @@ impl PartitionTask {
                 );
                 *self.status.version.lock() = target.version.clone();
                 self.status.swap.record(SwapReport {
+                    at: crate::control::now_ms(),
                     generation: target.generation,
                     version: target.version.clone(),
                     outcome: SwapOutcome::Swapped,
@@ -591,6 +593,7 @@ impl PartitionTask {
         // The pipeline goes back first, so that whoever sees this report sees the rollback.
         (self.on_rollback)(target.generation, reason.clone());
         self.status.swap.record(SwapReport {
+            at: crate::control::now_ms(),
             generation: target.generation,
             version: target.version.clone(),
             outcome: SwapOutcome::RolledBack,

@@ -159,6 +159,9 @@ pub struct SwapReport {
     /// speaks contract 0.1): they stay pending until a version that takes them runs.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub timers_pending: u64,
+    /// When it was reached (ms since the Unix epoch).
+    #[serde(default)]
+    pub at: i64,
 }
 
 fn is_zero(n: &u64) -> bool {
