@@ -656,6 +656,37 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}-{}", std::process::id(), nanos % 1_000_000_000)
 }
 
+/// An in-process host on Kafka, `id` in `cluster`, with the tests' 6 s session.
+pub async fn member(dir: &Path, cluster: &str, id: &str) -> Result<InProcess> {
+    let (cluster, id) = (cluster.to_string(), id.to_string());
+    InProcess::start_configured(dir, Some(&kafka_bootstrap()), move |c| {
+        c.cluster = cluster;
+        c.host_id = Some(id);
+        c.session_timeout = Duration::from_secs(6);
+    })
+    .await
+}
+
+/// Waits (up to 60 s) until `api` shows `n` live hosts.
+pub async fn wait_alive(api: &Api, n: usize) -> Result<()> {
+    wait_for(
+        &format!("{n} live hosts"),
+        Duration::from_secs(60),
+        || async {
+            let r = api.get("/api/v1/hosts").await?;
+            let alive = r
+                .body
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|h| h["alive"] == true)
+                .count();
+            Ok((alive == n).then_some(()))
+        },
+    )
+    .await
+}
+
 /// A producer of test input on Kafka: idempotent, patient across broker restarts, and placing
 /// each record in slot murmur2(key) mod slots like any Kafka client with the default
 /// partitioner of the Java client.

@@ -380,6 +380,22 @@ impl Baton {
         self.membership.get().map(|m| m.hosts()).unwrap_or_default()
     }
 
+    /// The ids of the live hosts, as this host sees them.
+    pub(crate) fn live_hosts(&self) -> Vec<String> {
+        self.hosts()
+            .into_iter()
+            .filter(|h| h.alive)
+            .map(|h| h.id)
+            .collect()
+    }
+
+    /// The ids of the live hosts other than this one.
+    pub(crate) fn live_others(&self) -> Vec<String> {
+        let mut others = self.live_hosts();
+        others.retain(|h| *h != self.host_id);
+        others
+    }
+
     /// Stops every partition at its next batch boundary and waits for them.
     pub fn shutdown(&self) {
         let parts: Vec<_> = self.partitions.read().values().cloned().collect();

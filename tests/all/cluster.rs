@@ -6,19 +6,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use baton_tests::{ChildHost, InProcess, cluster_name, kafka_bootstrap, kafka_lock, wait_for};
+use baton_tests::{
+    ChildHost, InProcess, cluster_name, kafka_bootstrap, kafka_lock, member, wait_for,
+};
 use serde_json::Value;
-
-/// An in-process host on Kafka, `id` in `cluster`, with the tests' 6 s session.
-async fn member(dir: &std::path::Path, cluster: &str, id: &str) -> anyhow::Result<InProcess> {
-    let (cluster, id) = (cluster.to_string(), id.to_string());
-    InProcess::start_configured(dir, Some(&kafka_bootstrap()), move |c| {
-        c.cluster = cluster;
-        c.host_id = Some(id);
-        c.session_timeout = Duration::from_secs(6);
-    })
-    .await
-}
 
 /// id → (address, alive, controller), as one host answers `GET /api/v1/hosts`.
 type View = BTreeMap<String, (String, bool, bool)>;

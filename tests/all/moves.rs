@@ -8,18 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use baton_tests::{ChildHost, InProcess, cluster_name, kafka_bootstrap, kafka_lock, wait_for};
+use baton_tests::{
+    ChildHost, InProcess, cluster_name, kafka_bootstrap, kafka_lock, member, wait_alive, wait_for,
+};
 use serde_json::{Value, json};
-
-async fn member(dir: &std::path::Path, cluster: &str, id: &str) -> anyhow::Result<InProcess> {
-    let (cluster, id) = (cluster.to_string(), id.to_string());
-    InProcess::start_configured(dir, Some(&kafka_bootstrap()), move |c| {
-        c.cluster = cluster;
-        c.host_id = Some(id);
-        c.session_timeout = Duration::from_secs(6);
-    })
-    .await
-}
 
 /// (id, owner, epoch) of every partition, as one host shows the table.
 async fn table(api: &baton_tests::Api) -> anyhow::Result<Vec<(String, String, u64)>> {
@@ -109,23 +101,9 @@ async fn partitions_move_live_with_exact_counts_and_answers_during_moves() -> an
         .map(|h| h.api.clone())
         .chain([child.api.clone()])
         .collect();
-    wait_for("three live hosts", Duration::from_secs(60), || async {
-        for api in &apis {
-            let r = api.get("/api/v1/hosts").await?;
-            let alive = r
-                .body
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|h| h["alive"] == true)
-                .count();
-            if alive != 3 {
-                return Ok(None);
-            }
-        }
-        Ok(Some(()))
-    })
-    .await?;
+    for api in &apis {
+        wait_alive(api, 3).await?;
+    }
 
     let input = baton_tests::unique("mv-in");
     apis[0]
@@ -495,18 +473,7 @@ async fn a_standby_is_kept_warm_and_promoted_on_failover_without_a_full_restore(
         ],
     )
     .await?;
-    wait_for("two live hosts", Duration::from_secs(60), || async {
-        let r = a.api.get("/api/v1/hosts").await?;
-        let alive = r
-            .body
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|h| h["alive"] == true)
-            .count();
-        Ok((alive == 2).then_some(()))
-    })
-    .await?;
+    wait_alive(&a.api, 2).await?;
     let input = baton_tests::unique("sb-in");
     a.api.upload_plugin("word-count", "word-count", "1").await?;
     // More standbys than other hosts: as many as there are.
@@ -624,17 +591,7 @@ async fn a_move_to_a_host_over_its_disk_bound_is_abandoned_and_the_owner_goes_on
         })
         .await?
     };
-    wait_for("two live hosts", Duration::from_secs(60), || async {
-        let r = a.api.get("/api/v1/hosts").await?;
-        let alive = r
-            .body
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|h| h["alive"] == true);
-        Ok((alive.count() == 2).then_some(()))
-    })
-    .await?;
+    wait_alive(&a.api, 2).await?;
     let input = baton_tests::unique("disk-in");
     a.api.upload_plugin("word-count", "word-count", "1").await?;
     a.api

@@ -71,18 +71,7 @@ async fn round(kill: bool, standbys: u32) -> anyhow::Result<(Duration, Duration)
         &fb.iter().map(String::as_str).collect::<Vec<_>>(),
     )
     .await?;
-    wait_for("both hosts alive", Duration::from_secs(60), || async {
-        let r = a.api.get("/api/v1/hosts").await?;
-        let alive = r
-            .body
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|h| h["alive"] == true)
-            .count();
-        Ok((alive == 2).then_some(()))
-    })
-    .await?;
+    baton_tests::wait_alive(&a.api, 2).await?;
     let input = baton_tests::unique("failover-in");
     a.api.upload_plugin("word-count", "word-count", "1").await?;
     a.api

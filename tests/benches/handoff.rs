@@ -55,18 +55,7 @@ async fn moves_of(keys: u64, moves: usize) -> anyhow::Result<Vec<(f64, Vec<(Stri
         );
     }
     let api = hosts[0].api.clone();
-    wait_for("both hosts alive", Duration::from_secs(60), || async {
-        let r = api.get("/api/v1/hosts").await?;
-        let alive = r
-            .body
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|h| h["alive"] == true)
-            .count();
-        Ok((alive == 2).then_some(()))
-    })
-    .await?;
+    baton_tests::wait_alive(&api, 2).await?;
     let input = baton_tests::unique("handoff-in");
     api.upload_plugin("word-count", "word-count", "1").await?;
     api.create_pipeline(json!({

@@ -121,12 +121,7 @@ impl Baton {
                 "host `{to}` owns partition `{partition}` already"
             )));
         }
-        let alive: Vec<String> = self
-            .hosts()
-            .into_iter()
-            .filter(|h| h.alive)
-            .map(|h| h.id)
-            .collect();
+        let alive = self.live_hosts();
         if !alive.iter().any(|h| h == to) {
             return Err(Error::BadRequest(format!(
                 "host `{to}` is not a live member of the cluster (live: {})",
@@ -511,12 +506,7 @@ impl Baton {
         if self.kafka.is_none() {
             return;
         }
-        let others: Vec<String> = self
-            .hosts()
-            .into_iter()
-            .filter(|h| h.alive && h.id != self.host_id)
-            .map(|h| h.id)
-            .collect();
+        let others = self.live_others();
         if others.is_empty() {
             return;
         }

@@ -309,12 +309,7 @@ impl Baton {
         if self.kafka.is_none() {
             return;
         }
-        let others: Vec<String> = self
-            .hosts()
-            .into_iter()
-            .filter(|h| h.alive && h.id != self.host_id)
-            .map(|h| h.id)
-            .collect();
+        let others = self.live_others();
         if others.is_empty() {
             return;
         }
@@ -377,12 +372,7 @@ impl Baton {
     /// controller corrects them later if their owners are gone): its partitions spread over the
     /// live hosts, or all here when none is known yet.
     pub(crate) fn initial_assignments(&self, record: &PipelineRecord) -> Vec<AssignmentRecord> {
-        let mut alive: Vec<String> = self
-            .hosts()
-            .into_iter()
-            .filter(|h| h.alive)
-            .map(|h| h.id)
-            .collect();
+        let mut alive = self.live_hosts();
         if !alive.contains(&self.host_id) {
             alive.push(self.host_id.clone());
         }
