@@ -75,6 +75,8 @@ pub struct Reply {
     pub status: u16,
     /// Parsed body (Null when empty or not JSON).
     pub body: Value,
+    /// The host that ran a call that runs on the controller (`x-baton-handled-by`).
+    pub handled_by: Option<String>,
 }
 
 impl Reply {
@@ -98,11 +100,34 @@ impl Api {
 
     async fn reply(r: reqwest::Response) -> Result<Reply> {
         let status = r.status().as_u16();
+        let handled_by = r
+            .headers()
+            .get("x-baton-handled-by")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let text = r.text().await?;
         Ok(Reply {
             status,
             body: serde_json::from_str(&text).unwrap_or(Value::Null),
+            handled_by,
         })
+    }
+
+    /// A client of `base` that sends `Authorization: Bearer <token>` with every request.
+    pub fn with_token(base: impl Into<String>, token: &str) -> Self {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {token}").parse().expect("a header value"),
+        );
+        Api {
+            base: base.into(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .default_headers(headers)
+                .build()
+                .expect("client"),
+        }
     }
 
     /// The base URL.

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::control::log::{CONTROL_REPLAY_STALL, replay_control};
+use crate::control::log::{CONTROL_REPLAY_STALL, replay_control, snapshot_topic, write_snapshot};
 use crate::control::{Catalog, PipelineRecord, now_ms};
 use crate::error::{Error, Result};
 use crate::http::model::{ProduceRecord, Produced};
@@ -57,6 +57,9 @@ pub struct HostConfig {
     /// Processors linked into the host that pipelines may name like uploaded modules (the
     /// benchmarks' native baselines). Every host that runs such a pipeline needs them too.
     pub native_modules: Vec<NativeModule>,
+    /// A catalog snapshot is written once this many control-log records were applied after the
+    /// last one, so that a host's replay at start reads at most about this many.
+    pub control_snapshot_every: u64,
 }
 
 impl HostConfig {
@@ -75,6 +78,7 @@ impl HostConfig {
             cluster: "baton".into(),
             native_modules: Vec::new(),
             token: None,
+            control_snapshot_every: 1000,
         }
     }
 }
@@ -124,6 +128,10 @@ pub struct Baton {
     pub(crate) membership: std::sync::OnceLock<Box<dyn crate::cluster::Membership>>,
     /// The next control-log offset the follower reads (Kafka).
     pub(crate) control_offset: Mutex<u64>,
+    /// The control-log offset after this host's last append.
+    pub(crate) appended_to: std::sync::atomic::AtomicU64,
+    /// What the replay at start read.
+    pub(crate) replay: crate::control::log::ReplayStats,
     /// Stops the follower and the controller.
     pub(crate) background_stop: Arc<std::sync::atomic::AtomicBool>,
     /// The follower's and the controller's threads.
@@ -174,8 +182,19 @@ impl Baton {
         transport.ensure_topic(&control_topic, 1, TopicKind::Forever)?;
         // Module bytes in chunks keyed `<sha256>:<i>:<n>`: compaction keeps every chunk.
         transport.ensure_topic(&modules_topic, 1, TopicKind::Compacted)?;
-        let (catalog, control_end) =
+        transport.ensure_topic(&snapshot_topic(&control_topic), 1, TopicKind::Compacted)?;
+        let (catalog, replay) =
             replay_control(transport.as_ref(), &control_topic, CONTROL_REPLAY_STALL)?;
+        let control_end = replay.to;
+        if replay.replayed >= config.control_snapshot_every.max(1) {
+            // The next host to start here (or this one, again) reads from here on.
+            if let Err(e) = write_snapshot(transport.as_ref(), &control_topic, &catalog, replay.to)
+            {
+                tracing::warn!("control-log snapshot: {e:#}");
+            }
+        }
+        // The follower keeps a catalog of its own applied strictly in log order, for snapshots.
+        let shadow = catalog.clone();
         let baton = Arc::new_cyclic(|me| Baton {
             me: me.clone(),
             resolver: if kafka.is_some() {
@@ -208,6 +227,8 @@ impl Baton {
             address,
             membership: std::sync::OnceLock::new(),
             control_offset: Mutex::new(control_end),
+            appended_to: std::sync::atomic::AtomicU64::new(control_end),
+            replay,
             background_stop: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             background: Mutex::new(Vec::new()),
             replicas: RwLock::new(BTreeMap::new()),
@@ -240,7 +261,7 @@ impl Baton {
         if baton.kafka.is_some() {
             // Other hosts' changes, and the controller's assignments, from here on.
             let stop = baton.background_stop.clone();
-            let follower = baton.follow_control(control_end, stop.clone())?;
+            let follower = baton.follow_control(control_end, shadow, stop.clone())?;
             let controller = baton.run_controller(stop)?;
             baton.background.lock().extend([follower, controller]);
         }
@@ -389,6 +410,38 @@ impl Baton {
             .collect()
     }
 
+    /// True if this host is the cluster's controller now (always, alone on the embedded log).
+    pub(crate) fn is_controller(&self) -> bool {
+        self.hosts()
+            .iter()
+            .any(|h| h.id == self.host_id && h.alive && h.controller)
+    }
+
+    /// The live controller other than this host, as (id, address), if there is one.
+    pub(crate) fn other_controller(&self) -> Option<(String, String)> {
+        self.hosts()
+            .into_iter()
+            .find(|h| h.alive && h.controller && h.id != self.host_id)
+            .map(|h| (h.id, h.address))
+    }
+
+    /// The next control-log offset this host's follower reads (how far it has applied the log).
+    pub fn control_position(&self) -> u64 {
+        *self.control_offset.lock()
+    }
+
+    /// How far this host has seen the control log: what it read, and what it appended itself.
+    /// A call it forwards to the controller runs only once the controller has read this far.
+    pub(crate) fn control_seen(&self) -> u64 {
+        self.control_position()
+            .max(self.appended_to.load(Ordering::SeqCst))
+    }
+
+    /// What the control-log replay at start read.
+    pub(crate) fn control_replay(&self) -> crate::control::log::ReplayStats {
+        self.replay
+    }
+
     /// The ids of the live hosts other than this one.
     pub(crate) fn live_others(&self) -> Vec<String> {
         let mut others = self.live_hosts();
@@ -414,7 +467,11 @@ impl Baton {
         self.background_stop.store(true, Ordering::Relaxed);
         let threads: Vec<_> = self.background.lock().drain(..).collect();
         for t in threads {
-            let _ = t.join();
+            // The last handle of the host may be dropped on one of these threads (a follower
+            // that held it when the host was let go): it ends on its own once it sees the stop.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
         }
         if let Some(m) = self.membership.get() {
             m.leave();

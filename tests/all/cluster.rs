@@ -602,3 +602,160 @@ async fn a_paused_owner_is_fenced_and_rejoins_without_a_fencing_loop() -> anyhow
     a.stop().await?;
     Ok(())
 }
+
+/// An in-process host `id` of `cluster` with a token, that snapshots its catalog every 10
+/// control-log records when it is the controller.
+async fn token_member(dir: &std::path::Path, cluster: &str, id: &str) -> anyhow::Result<InProcess> {
+    let (cluster, id) = (cluster.to_string(), id.to_string());
+    InProcess::start_configured(dir, Some(&kafka_bootstrap()), move |c| {
+        c.cluster = cluster;
+        c.host_id = Some(id);
+        c.session_timeout = Duration::from_secs(6);
+        c.token = Some("s3cret".into());
+        c.control_snapshot_every = 10;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_that_change_the_catalog_run_on_the_controller_and_replay_starts_at_a_snapshot()
+-> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dirs: Vec<_> = (0..3)
+        .map(|_| tempfile::tempdir())
+        .collect::<Result<_, _>>()?;
+    let cluster = baton_tests::unique("fwd");
+    let ids = ["a", "b", "c"];
+    let mut hosts = Vec::new();
+    for (dir, id) in dirs.iter().zip(ids) {
+        hosts.push(token_member(dir.path(), &cluster, id).await?);
+    }
+    baton_tests::wait_alive(&hosts[0].api, 3).await?;
+    let controller = wait_for("one controller", Duration::from_secs(30), || async {
+        let v = view(&hosts[0].api).await?;
+        let c: Vec<_> = v
+            .iter()
+            .filter(|(_, h)| h.2)
+            .map(|(id, _)| id.clone())
+            .collect();
+        Ok((c.len() == 1).then(|| c[0].clone()))
+    })
+    .await?;
+    let x = ids.iter().position(|id| *id != controller).unwrap();
+    let y = ids
+        .iter()
+        .position(|id| *id != controller && *id != ids[x])
+        .unwrap();
+    let api = |i: usize| baton_tests::Api::with_token(hosts[i].api.base(), "s3cret");
+
+    // The token is checked where the call arrives.
+    let spec = serde_json::json!({
+        "name": "wc", "module": "word-count", "version": "1",
+        "inputs": [baton_tests::unique("fwd-in")], "stores": ["counts"],
+        "slots": 4, "partitions": 2
+    });
+    let r = hosts[x].api.post_json("/api/v1/pipelines", &spec).await?;
+    assert_eq!(r.status, 401, "{:?}", r.body);
+    assert!(
+        r.error().contains("needs `Authorization: Bearer"),
+        "{}",
+        r.error()
+    );
+    let r = baton_tests::Api::with_token(hosts[x].api.base(), "wrong")
+        .post_json("/api/v1/pipelines", &spec)
+        .await?;
+    assert_eq!(r.status, 401, "{:?}", r.body);
+
+    // With it, a call that changes the catalog runs on the controller, whichever host takes it.
+    api(x)
+        .upload_plugin("word-count", "word-count", "1")
+        .await?;
+    let r = api(x).post_json("/api/v1/pipelines", &spec).await?;
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    assert_eq!(r.handled_by.as_deref(), Some(controller.as_str()));
+    let r = api(y).post_json("/api/v1/pipelines", &spec).await?;
+    assert_eq!(r.status, 409, "a second pipeline of one name: {:?}", r.body);
+    assert_eq!(r.handled_by.as_deref(), Some(controller.as_str()));
+    for i in 0..12u64 {
+        let r = api(if i % 2 == 0 { x } else { y })
+            .send_with_token(
+                reqwest::Method::PATCH,
+                "/api/v1/pipelines/wc",
+                Some(&serde_json::json!({ "commit_interval_ms": 20 + i })),
+                None,
+            )
+            .await?;
+        assert!(matches!(r.status, 200 | 202), "{:?}", r.body);
+        assert_eq!(r.handled_by.as_deref(), Some(controller.as_str()));
+    }
+    let r = api(controller_index(&ids, &controller))
+        .send_with_token(
+            reqwest::Method::PATCH,
+            "/api/v1/pipelines/wc",
+            Some(&serde_json::json!({ "commit_interval_ms": 55 })),
+            None,
+        )
+        .await?;
+    assert_eq!(r.handled_by.as_deref(), Some(controller.as_str()));
+    // Unknown pipeline: the controller's 404 comes back as it is.
+    let r = api(y)
+        .send_with_token(
+            reqwest::Method::DELETE,
+            "/api/v1/pipelines/nope",
+            None,
+            None,
+        )
+        .await?;
+    assert_eq!(r.status, 404, "{:?}", r.body);
+    assert!(r.error().contains("nope"), "{}", r.error());
+    let expected_log = hosts[x].baton.control_position();
+
+    // x starts again: its replay begins at the controller's newest snapshot, and its catalog
+    // is the same as the others'.
+    let stopped = hosts.remove(x);
+    stopped.stop().await?;
+    let again = token_member(dirs[x].path(), &cluster, ids[x]).await?;
+    let r = again.api.get("/api/v1/host").await?;
+    let replay = &r.body["control"]["replay"];
+    let (from, to, replayed) = (
+        replay["from"].as_u64().unwrap(),
+        replay["to"].as_u64().unwrap(),
+        replay["replayed"].as_u64().unwrap(),
+    );
+    assert!(
+        to >= 16 && to >= expected_log,
+        "the log holds every event: {replay}"
+    );
+    assert!(from > 0, "replay began at a snapshot: {replay}");
+    assert!(replayed < to / 2, "replay read most of the log: {replay}");
+    let r = again.api.get("/api/v1/pipelines/wc").await?;
+    assert_eq!(r.body["commit_interval_ms"], 55, "{}", r.body);
+    hosts.insert(x, again);
+    let tables = |hosts: &[InProcess]| {
+        let apis: Vec<_> = hosts.iter().map(|h| h.api.clone()).collect();
+        async move {
+            let mut all = Vec::new();
+            for a in &apis {
+                all.push(table(a).await?);
+            }
+            anyhow::Ok(all)
+        }
+    };
+    wait_for(
+        "every host shows one partition table",
+        Duration::from_secs(30),
+        || async {
+            let all = tables(&hosts).await?;
+            Ok((all.iter().all(|t| *t == all[0] && t.len() == 2)).then_some(()))
+        },
+    )
+    .await?;
+    for h in hosts {
+        h.stop().await?;
+    }
+    Ok(())
+}
+
+fn controller_index(ids: &[&str], controller: &str) -> usize {
+    ids.iter().position(|id| *id == controller).unwrap()
+}

@@ -16,9 +16,13 @@ pub const ORIGIN: &str = "baton.origin";
 
 impl Baton {
     /// Tails the control log from `from` on a thread of its own until `stop` is set.
+    /// `shadow` is the catalog as the log's records before `from` make it; the follower applies
+    /// every record to it in log order (this host's own too), and the controller writes it as a
+    /// snapshot every `control_snapshot_every` records.
     pub(crate) fn follow_control(
         self: &Arc<Self>,
         from: u64,
+        mut shadow: crate::control::Catalog,
         stop: Arc<AtomicBool>,
     ) -> std::io::Result<std::thread::JoinHandle<()>> {
         let me = Arc::downgrade(self);
@@ -27,6 +31,7 @@ impl Baton {
             .name("baton-control".into())
             .spawn(move || {
                 let mut offset = from;
+                let mut since_snapshot = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     let Some(baton) = me.upgrade() else { return };
                     let (records, next) = match baton.transport.read_from(&topic, 0, offset, 256) {
@@ -55,12 +60,15 @@ impl Baton {
                             .headers
                             .iter()
                             .any(|(k, v)| k == ORIGIN && v == baton.host_id.as_bytes());
-                        if mine {
-                            continue;
-                        }
                         let bytes = r.record.value.unwrap_or_default();
                         match parse_event(&bytes) {
-                            Ok(e) => baton.apply_followed(e),
+                            Ok(e) => {
+                                since_snapshot += 1;
+                                shadow.apply(e.clone());
+                                if !mine {
+                                    baton.apply_followed(e);
+                                }
+                            }
                             Err(e) => tracing::error!(
                                 "control log record {} cannot be read, skipped: {e}",
                                 r.offset
@@ -69,6 +77,22 @@ impl Baton {
                     }
                     offset = offset.max(next);
                     *baton.control_offset.lock() = offset;
+                    if since_snapshot >= baton.config.control_snapshot_every.max(1)
+                        && baton.is_controller()
+                    {
+                        match crate::control::log::write_snapshot(
+                            baton.transport.as_ref(),
+                            &topic,
+                            &shadow,
+                            offset,
+                        ) {
+                            Ok(()) => since_snapshot = 0,
+                            Err(e) => {
+                                tracing::warn!("control-log snapshot: {e:#}");
+                                since_snapshot = 0;
+                            }
+                        }
+                    }
                 }
             })
     }

@@ -44,7 +44,8 @@ impl Baton {
             )],
             timestamp: now_ms(),
         };
-        self.transport.append(&self.control_topic, 0, &[record])?;
+        let at = self.transport.append(&self.control_topic, 0, &[record])?;
+        self.appended_to.fetch_max(at + 1, Ordering::SeqCst);
         Ok(())
     }
 }
@@ -52,17 +53,139 @@ impl Baton {
 /// How long control-log replay waits for a record it knows exists before it gives up.
 pub(crate) const CONTROL_REPLAY_STALL: Duration = Duration::from_secs(60);
 
-/// Replays the control log up to its end offset taken now. A host must never start on a
-/// partial catalog: a read that stays empty for `stall` before that end, or a log whose first
-/// records are gone, fails loudly with the offsets.
+/// What a replay read: where it began (a snapshot's offset, or 0) and how many records it
+/// applied after that.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReplayStats {
+    /// The control-log offset the replay began at: the newest snapshot's, or 0.
+    pub from: u64,
+    /// The control-log end the replay read to.
+    pub to: u64,
+    /// Records applied after the snapshot.
+    pub replayed: u64,
+}
+
+/// The topic holding catalog snapshots of the control log `control` (compacted, one key):
+/// `<cluster>.control.snapshots`, a name no pipeline can take since `control` is reserved.
+pub(crate) fn snapshot_topic(control: &str) -> String {
+    format!("{control}.snapshots")
+}
+
+/// The key every snapshot is written under, so that compaction keeps only the newest.
+const SNAPSHOT_KEY: &[u8] = b"catalog";
+
+/// The newest snapshot of `topic`, if there is one this host can read. A snapshot that does not
+/// parse (from a newer host, say) is skipped with a warning: replay then reads the whole log.
+fn newest_snapshot(
+    transport: &dyn Transport,
+    topic: &str,
+    stall: Duration,
+) -> anyhow::Result<Option<crate::control::Snapshot>> {
+    if transport.partitions(topic)?.is_none() {
+        return Ok(None);
+    }
+    let end = transport.end_offset(topic, 0)?;
+    if end == 0 {
+        return Ok(None);
+    }
+    // The newest record is at or a little before the end (a compacted topic keeps it; a few
+    // offsets at the end may be markers on Kafka).
+    let deadline = Instant::now() + stall;
+    let mut from = end.saturating_sub(8);
+    let mut last = None;
+    while from < end {
+        let (records, next) = transport.read_from(topic, 0, from, 64)?;
+        if records.is_empty() && next <= from {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "snapshot topic `{topic}`: no record read at offset {from} of {end} for {stall:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
+        if let Some(r) = records.into_iter().last() {
+            last = Some(r);
+        }
+        from = next;
+    }
+    let Some(r) = last else { return Ok(None) };
+    match serde_json::from_slice::<crate::control::Snapshot>(
+        r.record.value.as_deref().unwrap_or(b""),
+    ) {
+        Ok(s) if s.format == 1 => Ok(Some(s)),
+        Ok(s) => {
+            tracing::warn!(
+                "snapshot at offset {} of `{topic}` has format {}, unknown here: replaying the whole control log",
+                r.offset,
+                s.format
+            );
+            Ok(None)
+        }
+        Err(e) => {
+            tracing::warn!(
+                "snapshot at offset {} of `{topic}` cannot be read ({e}): replaying the whole control log",
+                r.offset
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// Writes a snapshot of `catalog` (the log's records before `offset`, applied in log order).
+/// A catalog too large for one record is not snapshotted: replay then reads on from the last one.
+pub(crate) fn write_snapshot(
+    transport: &dyn Transport,
+    control: &str,
+    catalog: &Catalog,
+    offset: u64,
+) -> anyhow::Result<()> {
+    let topic = snapshot_topic(control);
+    let value = serde_json::to_vec(&catalog.snapshot(offset))?;
+    if let Some(max) = transport.max_record_bytes(&topic)?
+        && value.len() + 1024 > max
+    {
+        anyhow::bail!(
+            "the catalog is {} bytes, more than `{topic}` takes in one record ({max}): not snapshotted",
+            value.len()
+        );
+    }
+    let record = Record {
+        key: Some(SNAPSHOT_KEY.to_vec()),
+        value: Some(value),
+        headers: Vec::new(),
+        timestamp: now_ms(),
+    };
+    transport.append(&topic, 0, &[record])?;
+    tracing::info!(offset, "control-log snapshot written");
+    Ok(())
+}
+
+/// Replays the control log up to its end offset taken now, from its newest snapshot on. A host
+/// must never start on a partial catalog: a read that stays empty for `stall` before that end,
+/// or a log whose first records (or the first after the snapshot) are gone, fails loudly with
+/// the offsets.
 pub(crate) fn replay_control(
     transport: &dyn Transport,
     topic: &str,
     stall: Duration,
-) -> anyhow::Result<(Catalog, u64)> {
-    let mut catalog = Catalog::default();
+) -> anyhow::Result<(Catalog, ReplayStats)> {
     let end = transport.end_offset(topic, 0)?;
-    let mut offset = 0;
+    let snapshot = match newest_snapshot(transport, &snapshot_topic(topic), stall)? {
+        Some(s) if s.offset <= end => Some(s),
+        Some(s) => {
+            tracing::warn!(
+                "the newest snapshot reaches offset {} but `{topic}` ends at {end} (the log was \
+                 made again?): replaying the whole control log",
+                s.offset
+            );
+            None
+        }
+        None => None,
+    };
+    let start = snapshot.as_ref().map_or(0, |s| s.offset);
+    let mut catalog = snapshot.map(Catalog::from_snapshot).unwrap_or_default();
+    let mut offset = start;
+    let mut replayed = 0;
     let mut progress_at = Instant::now();
     while offset < end {
         let (records, next) = transport.read_from(topic, 0, offset, 1024)?;
@@ -75,7 +198,8 @@ pub(crate) fn replay_control(
         if records.is_empty() {
             anyhow::ensure!(
                 progress_at.elapsed() < stall,
-                "control log `{topic}`: replay stalled at offset {offset} of {end} (no record                  for {stall:?}); refusing to start on a partial catalog"
+                "control log `{topic}`: replay stalled at offset {offset} of {end} (no record \
+                 for {stall:?}); refusing to start on a partial catalog"
             );
             std::thread::sleep(Duration::from_millis(100));
             continue;
@@ -84,7 +208,9 @@ pub(crate) fn replay_control(
         for r in records {
             anyhow::ensure!(
                 offset > 0 || r.offset == 0,
-                "control log `{topic}`: its first {} records are gone (deleted or expired);                  refusing to start on a partial catalog. The control log must keep every record                  (retention.ms=-1)",
+                "control log `{topic}`: its first {} records are gone (deleted or expired); \
+                 refusing to start on a partial catalog. The control log must keep every record \
+                 (retention.ms=-1)",
                 r.offset
             );
             offset = r.offset + 1;
@@ -92,10 +218,17 @@ pub(crate) fn replay_control(
             let event = crate::control::parse_event(&bytes)
                 .map_err(|e| anyhow::anyhow!("control log `{topic}` record {}: {e}", r.offset))?;
             catalog.apply(event);
+            replayed += 1;
         }
         offset = offset.max(next);
     }
-    Ok((catalog, end))
+    let stats = ReplayStats {
+        from: start,
+        to: end,
+        replayed,
+    };
+    tracing::info!(from = start, to = end, replayed, "control log replayed");
+    Ok((catalog, stats))
 }
 
 #[cfg(test)]
@@ -175,13 +308,48 @@ mod tests {
         t.ensure_topic("c", 1, TopicKind::Forever).unwrap();
         let records: Vec<_> = (0..3000).map(module_event).collect();
         Transport::append(&t, "c", 0, &records).unwrap();
-        let (catalog, end) = replay_control(&t, "c", Duration::from_millis(300)).unwrap();
-        assert_eq!(end, 3000);
+        let (catalog, stats) = replay_control(&t, "c", Duration::from_millis(300)).unwrap();
+        assert_eq!(stats.to, 3000);
         assert_eq!(catalog.modules.len(), 3000);
         let t = Stalling { hole: 2000, ..t };
         let e = replay_control(&t, "c", Duration::from_millis(300))
             .unwrap_err()
             .to_string();
         assert!(e.contains("stalled at offset 2000 of 3000"), "{e}");
+    }
+
+    #[test]
+    fn replay_starts_from_the_newest_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = EmbeddedLog::open(dir.path()).unwrap();
+        Transport::ensure_topic(&t, "c", 1, TopicKind::Forever).unwrap();
+        Transport::ensure_topic(&t, "c.snapshots", 1, TopicKind::Compacted).unwrap();
+        let records: Vec<_> = (0..1500).map(module_event).collect();
+        Transport::append(&t, "c", 0, &records).unwrap();
+        let stall = Duration::from_millis(300);
+        let (first, stats) = replay_control(&t, "c", stall).unwrap();
+        assert_eq!((stats.from, stats.replayed), (0, 1500));
+        write_snapshot(&t, "c", &first, stats.to).unwrap();
+        let more: Vec<_> = (1500..1507).map(module_event).collect();
+        Transport::append(&t, "c", 0, &more).unwrap();
+        let (from_snapshot, stats) = replay_control(&t, "c", stall).unwrap();
+        assert_eq!((stats.from, stats.to, stats.replayed), (1500, 1507, 7));
+        assert_eq!(from_snapshot.modules.len(), 1507);
+        // The same catalog as a replay of the whole log.
+        Transport::delete_topics(&t, &["c.snapshots".to_string()]).unwrap();
+        let (whole, stats) = replay_control(&t, "c", stall).unwrap();
+        assert_eq!(stats.replayed, 1507);
+        assert_eq!(whole, from_snapshot);
+        // A snapshot this host cannot read is skipped, not trusted.
+        Transport::ensure_topic(&t, "c.snapshots", 1, TopicKind::Compacted).unwrap();
+        let junk = Record {
+            key: Some(b"catalog".to_vec()),
+            value: Some(b"{\"format\": 9}".to_vec()),
+            headers: vec![],
+            timestamp: 0,
+        };
+        Transport::append(&t, "c.snapshots", 0, &[junk]).unwrap();
+        let (_, stats) = replay_control(&t, "c", stall).unwrap();
+        assert_eq!((stats.from, stats.replayed), (0, 1507));
     }
 }

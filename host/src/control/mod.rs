@@ -342,7 +342,7 @@ mod tests {
 }
 
 /// The replayed state of the control log.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct Catalog {
     /// Modules by (name, version).
     pub modules: BTreeMap<(String, String), ModuleRecord>,
@@ -362,6 +362,65 @@ impl Catalog {
         self.moves
             .get(partition)
             .and_then(|m| m.iter().rev().find(|m| !m.phase.ended()))
+    }
+}
+
+/// The catalog as the control log's records before `offset` make it, applied in log order:
+/// replay starts from the newest snapshot instead of the log's first record.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// The layout of this record (1).
+    pub format: u32,
+    /// The control-log offset the snapshot reaches: replay goes on from here.
+    pub offset: u64,
+    /// When it was taken, ms since the Unix epoch.
+    pub at: i64,
+    /// The module registry.
+    pub modules: Vec<ModuleRecord>,
+    /// The pipelines.
+    pub pipelines: Vec<PipelineRecord>,
+    /// Pipelines deleted without purge.
+    pub deleted: Vec<PipelineRecord>,
+    /// The newest assignment of every partition.
+    pub assignments: Vec<AssignmentRecord>,
+    /// The last moves of every partition, oldest first.
+    pub moves: Vec<MoveRecord>,
+}
+
+impl Catalog {
+    /// The catalog as a snapshot reaching control-log offset `offset`.
+    pub fn snapshot(&self, offset: u64) -> Snapshot {
+        Snapshot {
+            format: 1,
+            offset,
+            at: now_ms(),
+            modules: self.modules.values().cloned().collect(),
+            pipelines: self.pipelines.values().cloned().collect(),
+            deleted: self.deleted.values().cloned().collect(),
+            assignments: self.assignments.values().cloned().collect(),
+            moves: self.moves.values().flatten().cloned().collect(),
+        }
+    }
+
+    /// The catalog a snapshot holds.
+    pub fn from_snapshot(s: Snapshot) -> Catalog {
+        let mut c = Catalog::default();
+        for m in s.modules {
+            c.modules.insert((m.name.clone(), m.version.clone()), m);
+        }
+        for p in s.pipelines {
+            c.pipelines.insert(p.spec.name.clone(), p);
+        }
+        for p in s.deleted {
+            c.deleted.insert(p.spec.name.clone(), p);
+        }
+        for a in s.assignments {
+            c.assignments.insert(a.partition.clone(), a);
+        }
+        for m in s.moves {
+            c.moves.entry(m.partition.clone()).or_default().push(m);
+        }
+        c
     }
 }
 

@@ -25,6 +25,10 @@ async fn show(State(baton): State<AppState>) -> Json<Value> {
         "transport": baton.transport().kind(),
         "cluster": baton.config().cluster,
         "partitions": baton.partitions().len(),
+        "control": {
+            "replay": baton.control_replay(),
+            "snapshot_every": baton.config().control_snapshot_every,
+        },
         "state_memory": {
             "bound": env.memory(),
             "block_cache_usage": env.cache_usage(),

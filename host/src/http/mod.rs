@@ -2,6 +2,7 @@
 //! resource; every handler answers JSON, and bad input gets a 4xx naming the problem.
 
 pub mod error;
+mod forward;
 mod host;
 mod metrics;
 pub mod model;
@@ -43,6 +44,10 @@ pub fn router(baton: Arc<Baton>) -> Router {
         .merge(partitions::router())
         .merge(topics::router())
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            baton.clone(),
+            forward::to_controller,
+        ))
         .layer(axum::middleware::from_fn_with_state(baton.clone(), auth))
         .with_state(baton)
 }
