@@ -69,8 +69,74 @@ async fn row(api: &baton_tests::Api, id: &str) -> anyhow::Result<Value> {
         .ok_or_else(|| anyhow::anyhow!("no partition {id}"))
 }
 
+/// `baton run` as host `id` of `cluster` on `dir`, with the tests' 6 s session.
+async fn child(dir: &std::path::Path, cluster: &str, id: &str) -> anyhow::Result<ChildHost> {
+    ChildHost::start_in(
+        dir,
+        cluster,
+        &[
+            "--kafka",
+            &kafka_bootstrap(),
+            "--host-id",
+            id,
+            "--session-timeout",
+            "6s",
+        ],
+    )
+    .await
+}
+
+/// The ids of the partitions `host` owns and runs, as `api` shows them.
+async fn running_on(api: &baton_tests::Api, host: &str) -> anyhow::Result<Vec<String>> {
+    Ok(api
+        .partitions()
+        .await?
+        .iter()
+        .filter(|p| p["owner"] == host && p["state"] == "running")
+        .map(|p| p["id"].as_str().unwrap_or_default().to_string())
+        .collect())
+}
+
+/// Waits until `host`, back in the cluster, runs at least `share` partitions, the last of them
+/// moved to it warm, with no partition shown with two owners at one epoch meanwhile.
+async fn wait_fair_share(
+    apis: &[baton_tests::Api],
+    host: &str,
+    share: usize,
+    seen: &BTreeMap<(String, u64), String>,
+) -> anyhow::Result<()> {
+    wait_for(
+        &format!("{host} back with its fair share ({share} partitions), moved warm"),
+        Duration::from_secs(120),
+        || async {
+            check_one_owner(apis, &mut seen.clone()).await?;
+            let rows = apis[0].partitions().await?;
+            let on: Vec<&Value> = rows
+                .iter()
+                .filter(|p| p["owner"] == host && p["state"] == "running")
+                .collect();
+            Ok((on.len() >= share
+                && on.iter().all(|p| {
+                    p["moves"]
+                        .as_array()
+                        .and_then(|m| m.last())
+                        .is_some_and(|m| m["to"] == host && m["phase"] == "done")
+                }))
+            .then_some(()))
+        },
+    )
+    .await
+}
+
+/// Continuous produce to two pipelines (word-count, and uppercase with an output topic) on
+/// three hosts, while random partitions move live between them, one host stops with SIGTERM
+/// and rejoins, and another is killed with `kill -9` and restarts. Counts are exact on every
+/// host, every output is written exactly once (`read_committed`), lookups are answered exactly
+/// on every host throughout, and no two hosts ever show two owners of a partition at one epoch.
+/// `BATON_TEST_MOVES` sets the number of moves (6; `scripts/test --full`: 20).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn partitions_move_live_with_exact_counts_and_answers_during_moves() -> anyhow::Result<()> {
+async fn partitions_move_live_and_hosts_fail_and_rejoin_with_exact_counts_and_outputs()
+-> anyhow::Result<()> {
     let _k = kafka_lock().await;
     let moves: usize = std::env::var("BATON_TEST_MOVES")
         .ok()
@@ -79,36 +145,23 @@ async fn partitions_move_live_with_exact_counts_and_answers_during_moves() -> an
     let dirs: Vec<_> = (0..3)
         .map(|_| tempfile::tempdir())
         .collect::<Result<_, _>>()?;
-    let cluster = cluster_name(dirs[2].path());
-    let mut hosts = Vec::new();
-    for (i, id) in ["a", "b"].iter().enumerate() {
-        hosts.push(member(dirs[i].path(), &cluster, id).await?);
-    }
-    let child = ChildHost::start(
-        dirs[2].path(),
-        &[
-            "--kafka",
-            &kafka_bootstrap(),
-            "--host-id",
-            "c",
-            "--session-timeout",
-            "6s",
-        ],
-    )
-    .await?;
-    let apis: Vec<baton_tests::Api> = hosts
-        .iter()
-        .map(|h| h.api.clone())
-        .chain([child.api.clone()])
-        .collect();
+    let cluster = cluster_name(dirs[0].path());
+    // a in this process; b and c `baton` processes, so that one can get SIGTERM and the other
+    // kill -9.
+    let a = member(dirs[0].path(), &cluster, "a").await?;
+    let mut b = child(dirs[1].path(), &cluster, "b").await?;
+    let mut c = child(dirs[2].path(), &cluster, "c").await?;
+    let mut apis: Vec<baton_tests::Api> = vec![a.api.clone(), b.api.clone(), c.api.clone()];
     for api in &apis {
         wait_alive(api, 3).await?;
     }
 
     let input = baton_tests::unique("mv-in");
+    let output = baton_tests::unique("mv-out");
     apis[0]
         .upload_plugin("word-count", "word-count", "1")
         .await?;
+    apis[0].upload_plugin("uppercase", "uppercase", "1").await?;
     apis[0]
         .create_pipeline(json!({
             "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
@@ -116,12 +169,23 @@ async fn partitions_move_live_with_exact_counts_and_answers_during_moves() -> an
             "guarantee": "exactly-once"
         }))
         .await?;
+    apis[1]
+        .create_pipeline(json!({
+            "name": "up", "module": "uppercase", "version": "1", "inputs": [input],
+            "outputs": [output], "slots": 6, "partitions": 3,
+            "guarantee": "exactly-once", "config": {"output": output}
+        }))
+        .await?;
+    let parts: Vec<String> = ["wc", "up"]
+        .iter()
+        .flat_map(|p| (0..3).map(move |i| format!("{p}-{i}")))
+        .collect();
     wait_for(
         "every partition running",
         Duration::from_secs(60),
         || async {
             let ps = apis[0].partitions().await?;
-            Ok((ps.len() == 3 && ps.iter().all(|p| p["state"] == "running")).then_some(()))
+            Ok((ps.len() == 6 && ps.iter().all(|p| p["state"] == "running")).then_some(()))
         },
     )
     .await?;
@@ -138,20 +202,19 @@ async fn partitions_move_live_with_exact_counts_and_answers_during_moves() -> an
     }
     producer.send(&input, 6, &probe_recs).await?;
     let probe_counts = baton_tests::count(probe_recs.iter().map(|(k, _)| k.as_str()));
-    let group = format!("{cluster}.wc");
-    let committed = |n: u64| {
-        let (input, group) = (input.clone(), group.clone());
+    let committed = |pipeline: &str, n: u64| {
+        let (input, group) = (input.clone(), format!("{cluster}.{pipeline}"));
         async move {
             let done: u64 = baton_tests::group_offsets(&group, &input, 6)?.iter().sum();
             Ok((done >= n).then_some(()))
         }
     };
     wait_for("the probes committed", Duration::from_secs(60), || {
-        committed(probe_recs.len() as u64)
+        committed("wc", probe_recs.len() as u64)
     })
     .await?;
 
-    // Records flow the whole time.
+    // Records flow the whole time, each with a value of its own.
     let stop = Arc::new(AtomicBool::new(false));
     let flow = {
         let (stop, input) = (stop.clone(), input.clone());
@@ -161,10 +224,13 @@ async fn partitions_move_live_with_exact_counts_and_answers_during_moves() -> an
             let mut round = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let keys = baton_tests::words(400, 300, 1000 + round);
-                let recs: Vec<(String, String)> =
-                    keys.iter().map(|k| (k.clone(), "x".into())).collect();
+                let recs: Vec<(String, String)> = keys
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, k)| (k, format!("v{round}.{i}")))
+                    .collect();
                 producer.send(&input, 6, &recs).await?;
-                sent.extend(keys);
+                sent.extend(recs);
                 round += 1;
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -192,7 +258,7 @@ async fn partitions_move_live_with_exact_counts_and_answers_during_moves() -> an
     assert_eq!(r.status, 404, "{r:?}");
 
     let mut seen = BTreeMap::new();
-    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut rng = baton_tests::test_seed("moves") | 1;
     let mut next = |n: usize| {
         rng ^= rng << 13;
         rng ^= rng >> 7;
@@ -202,7 +268,7 @@ async fn partitions_move_live_with_exact_counts_and_answers_during_moves() -> an
     let ids = ["a", "b", "c"];
     let mut pauses = Vec::new();
     for i in 0..moves {
-        let part = format!("wc-{}", next(3));
+        let part = parts[next(parts.len())].clone();
         let before = row(&apis[0], &part).await?;
         let owner = before["owner"].as_str().unwrap_or_default().to_string();
         let epoch = before["epoch"].as_u64().unwrap_or(0);
@@ -290,47 +356,40 @@ async fn partitions_move_live_with_exact_counts_and_answers_during_moves() -> an
         );
     }
 
-    // c stops cleanly (SIGTERM): its partitions move to a and b warm, each with a pause
+    // b stops cleanly (SIGTERM): its partitions move to a and c warm, each with a pause
     // recorded, before it exits. Then it comes back and is given its fair share again.
-    let owned_by_c = |rows: &[Value]| -> Vec<String> {
-        rows.iter()
-            .filter(|p| p["owner"] == "c")
-            .map(|p| p["id"].as_str().unwrap_or_default().to_string())
-            .collect()
-    };
-    if owned_by_c(&apis[0].partitions().await?).is_empty() {
+    if running_on(&apis[0], "b").await?.is_empty() {
         let r = apis[0]
-            .post_json("/api/v1/partitions/wc-1/move", &json!({"to": "c"}))
+            .post_json("/api/v1/partitions/wc-1/move", &json!({"to": "b"}))
             .await?;
         assert_eq!(r.status, 202, "{r:?}");
-        wait_for("wc-1 on c", Duration::from_secs(60), || async {
-            let rows = apis[0].partitions().await?;
-            Ok(rows
-                .iter()
-                .any(|p| p["id"] == "wc-1" && p["owner"] == "c" && p["state"] == "running")
+        wait_for("wc-1 on b", Duration::from_secs(60), || async {
+            Ok(running_on(&apis[0], "b")
+                .await?
+                .contains(&"wc-1".to_string())
                 .then_some(()))
         })
         .await?;
     }
-    let c_had = owned_by_c(&apis[0].partitions().await?);
-    tokio::task::spawn_blocking(move || child.terminate()).await??;
-    let rest = apis[..2].to_vec();
+    let b_had = running_on(&apis[0], "b").await?;
+    tokio::task::spawn_blocking(move || b.terminate()).await??;
+    let rest = vec![apis[0].clone(), apis[2].clone()];
     let after_term = wait_for(
-        "c's partitions moved warm to a and b",
+        "b's partitions moved warm to a and c",
         Duration::from_secs(60),
         || async {
             check_one_owner(&rest, &mut seen.clone()).await?;
             let rows = rest[0].partitions().await?;
-            let done = c_had.iter().all(|id| {
+            let done = b_had.iter().all(|id| {
                 rows.iter().any(|p| {
                     p["id"] == id.as_str()
-                        && p["owner"] != "c"
+                        && p["owner"] != "b"
                         && p["state"] == "running"
                         && p["moves"]
                             .as_array()
                             .and_then(|m| m.last())
                             .is_some_and(|m| {
-                                m["from"] == "c"
+                                m["from"] == "b"
                                     && m["phase"] == "done"
                                     && m["pause_ms"].is_number()
                             })
@@ -344,59 +403,83 @@ async fn partitions_move_live_with_exact_counts_and_answers_during_moves() -> an
         "SIGTERM moves: {:?}",
         after_term
             .iter()
-            .filter(|p| c_had.iter().any(|id| p["id"] == id.as_str()))
+            .filter(|p| b_had.iter().any(|id| p["id"] == id.as_str()))
             .map(|p| p["last_pause_ms"].clone())
             .collect::<Vec<_>>()
     );
-    let child = ChildHost::start(
-        dirs[2].path(),
-        &[
-            "--kafka",
-            &kafka_bootstrap(),
-            "--host-id",
-            "c",
-            "--session-timeout",
-            "6s",
-        ],
-    )
-    .await?;
-    let apis: Vec<baton_tests::Api> = hosts
+    b = child(dirs[1].path(), &cluster, "b").await?;
+    apis[1] = b.api.clone();
+    wait_fair_share(&apis, "b", parts.len() / 3, &seen).await?;
+
+    // c is killed (kill -9) while it runs partitions: the survivors take them over at the next
+    // epoch, restored from the changelogs. It starts again and gets its fair share back.
+    if running_on(&apis[0], "c").await?.is_empty() {
+        let r = apis[0]
+            .post_json("/api/v1/partitions/up-2/move", &json!({"to": "c"}))
+            .await?;
+        assert_eq!(r.status, 202, "{r:?}");
+        wait_for("up-2 on c", Duration::from_secs(60), || async {
+            Ok(running_on(&apis[0], "c")
+                .await?
+                .contains(&"up-2".to_string())
+                .then_some(()))
+        })
+        .await?;
+    }
+    let c_had: BTreeMap<String, u64> = apis[0]
+        .partitions()
+        .await?
         .iter()
-        .map(|h| h.api.clone())
-        .chain([child.api.clone()])
+        .filter(|p| p["owner"] == "c")
+        .map(|p| {
+            (
+                p["id"].as_str().unwrap_or_default().to_string(),
+                p["epoch"].as_u64().unwrap_or(0),
+            )
+        })
         .collect();
+    c.kill9()?;
+    let rest = vec![apis[0].clone(), apis[1].clone()];
     wait_for(
-        "c back with its fair share (one partition), moved warm",
+        "c's partitions taken over by a and b",
         Duration::from_secs(90),
         || async {
-            check_one_owner(&apis, &mut seen.clone()).await?;
-            let rows = apis[2].partitions().await?;
-            let on_c: Vec<&Value> = rows
+            check_one_owner(&rest, &mut seen.clone()).await?;
+            let rows = rest[0].partitions().await?;
+            Ok(c_had
                 .iter()
-                .filter(|p| p["owner"] == "c" && p["state"] == "running")
-                .collect();
-            Ok((on_c.len() == 1
-                && on_c[0]["moves"]
-                    .as_array()
-                    .and_then(|m| m.last())
-                    .is_some_and(|m| m["to"] == "c" && m["phase"] == "done"))
-            .then_some(()))
+                .all(|(id, epoch)| {
+                    rows.iter().any(|p| {
+                        p["id"] == id.as_str()
+                            && p["owner"] != "c"
+                            && p["epoch"].as_u64() > Some(*epoch)
+                            && p["state"] == "running"
+                    })
+                })
+                .then_some(()))
         },
     )
     .await?;
+    c = child(dirs[2].path(), &cluster, "c").await?;
+    apis[2] = c.api.clone();
+    wait_fair_share(&apis, "c", parts.len() / 3, &seen).await?;
 
     stop.store(true, Ordering::Relaxed);
     let mut sent = flow.await??;
-    sent.extend(probe_recs.iter().map(|(k, _)| k.clone()));
-    wait_for("every record committed", Duration::from_secs(120), || {
-        committed(sent.len() as u64)
-    })
-    .await?;
-    let want = baton_tests::count(sent.iter().map(String::as_str));
-    let b = &apis[1];
+    sent.extend(probe_recs.iter().cloned());
+    for p in ["wc", "up"] {
+        wait_for(
+            &format!("every record committed by {p}"),
+            Duration::from_secs(120),
+            || committed(p, sent.len() as u64),
+        )
+        .await?;
+    }
+    let want = baton_tests::count(sent.iter().map(|(k, _)| k.as_str()));
+    let b_api = &apis[1];
     wait_for("exact counts at b", Duration::from_secs(30), || async {
         for (k, n) in &want {
-            if count_at(b, k).await? != Some(*n) {
+            if count_at(b_api, k).await? != Some(*n) {
                 return Ok(None);
             }
         }
@@ -414,6 +497,24 @@ async fn partitions_move_live_with_exact_counts_and_answers_during_moves() -> an
             );
         }
     }
+    // Every output exactly once: one upper-cased record per record sent.
+    let mut expected: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for (k, v) in &sent {
+        *expected.entry((k.clone(), v.to_uppercase())).or_default() += 1;
+    }
+    let mut got: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for kv in baton_tests::read_committed(&output, 6)? {
+        *got.entry(kv).or_default() += 1;
+    }
+    let twice = got.values().filter(|n| **n > 1).count();
+    assert_eq!(
+        got.values().sum::<usize>(),
+        sent.len(),
+        "outputs, of {} records sent ({twice} repeated)",
+        sent.len()
+    );
+    assert!(got == expected, "every output exactly once");
+
     // A hot swap asked of one host answers for every partition of the cluster.
     apis[1]
         .upload_plugin("word-count", "word-count", "2")
@@ -445,10 +546,8 @@ async fn partitions_move_live_with_exact_counts_and_answers_during_moves() -> an
     assert!(in_metrics >= 1, "move pauses in /metrics");
     pauses.sort_by(f64::total_cmp);
     eprintln!("{} moves, pauses (ms): {pauses:?}", pauses.len());
-    for h in hosts {
-        h.stop().await?;
-    }
-    drop(child);
+    a.stop().await?;
+    drop((b, c));
     Ok(())
 }
 
