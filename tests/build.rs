@@ -77,4 +77,83 @@ fn main() {
         dir.display()
     );
     println!("cargo:rustc-env=BATON_PLUGIN_DIR={}", dir.display());
+
+    python_plugins(&root, &plugin_target.join("python"));
+}
+
+/// Builds every Python plugin (`plugins/python-*`, an `app.py` on `guest-sdk/python`) with
+/// componentize-py into `<dir>/<name>.wasm`, unless it is newer than its sources, and tells the
+/// tests where they are (`BATON_PYTHON_PLUGIN_DIR`).
+fn python_plugins(root: &Path, dir: &Path) {
+    let sdk = root.join("guest-sdk/python");
+    let wit = root.join("wit");
+    println!("cargo:rerun-if-changed={}", sdk.join("baton_sdk").display());
+    println!("cargo:rerun-if-env-changed=BATON_COMPONENTIZE_PY");
+    std::fs::create_dir_all(dir).expect("the Python plugins' dir");
+    let tool = std::env::var_os("BATON_COMPONENTIZE_PY")
+        .map(PathBuf::from)
+        .or_else(|| {
+            [
+                std::env::var_os("BATON_CACHE").map(PathBuf::from),
+                std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/baton")),
+            ]
+            .into_iter()
+            .flatten()
+            .map(|c| c.join("py/bin/componentize-py"))
+            .find(|p| p.exists())
+        })
+        .unwrap_or_else(|| "componentize-py".into());
+    for entry in std::fs::read_dir(root.join("plugins")).expect("plugins/") {
+        let src = entry.expect("plugins/ entry").path();
+        let name = src.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if !name.starts_with("python-") || !src.join("app.py").exists() {
+            continue;
+        }
+        println!("cargo:rerun-if-changed={}", src.display());
+        let out = dir.join(format!("{name}.wasm"));
+        if newer_than(&out, &[&src, &sdk.join("baton_sdk"), &wit]) {
+            continue;
+        }
+        let status = Command::new(&tool)
+            .arg("-d")
+            .arg(&wit)
+            .args(["-w", "processor", "componentize", "-p"])
+            .arg(&sdk)
+            .arg("-p")
+            .arg(&src)
+            .args(["app", "-o"])
+            .arg(&out)
+            .status()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "running {} for {name}: {e}; run scripts/setup (it installs componentize-py)",
+                    tool.display()
+                )
+            });
+        assert!(status.success(), "componentize-py failed for {name}");
+    }
+    println!("cargo:rustc-env=BATON_PYTHON_PLUGIN_DIR={}", dir.display());
+}
+
+/// True when `out` exists and is newer than every file under `inputs`.
+fn newer_than(out: &Path, inputs: &[&Path]) -> bool {
+    fn newest(p: &Path) -> Option<std::time::SystemTime> {
+        let meta = std::fs::metadata(p).ok()?;
+        if !meta.is_dir() {
+            return meta.modified().ok();
+        }
+        let mut t = None;
+        for e in std::fs::read_dir(p).ok()?.flatten() {
+            let path = e.path();
+            if path.file_name().is_some_and(|n| n == "__pycache__") {
+                continue;
+            }
+            t = t.max(newest(&path));
+        }
+        t
+    }
+    let Ok(built) = std::fs::metadata(out).and_then(|m| m.modified()) else {
+        return false;
+    };
+    inputs.iter().all(|i| newest(i).is_none_or(|t| t < built))
 }

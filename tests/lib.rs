@@ -10,8 +10,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-/// The path of a plugin's component, built by this crate's build script.
+/// The path of a plugin's component, built by this crate's build script: `plugins/NAME`, a
+/// Rust crate, or a Python module when NAME starts with `python-`.
 pub fn plugin(name: &str) -> PathBuf {
+    if name.starts_with("python-") {
+        return Path::new(env!("BATON_PYTHON_PLUGIN_DIR")).join(format!("{name}.wasm"));
+    }
     Path::new(env!("BATON_PLUGIN_DIR")).join(format!("{}.wasm", name.replace('-', "_")))
 }
 

@@ -198,8 +198,20 @@ pub fn run(conn: Connection, call: Call) -> anyhow::Result<()> {
         conn,
     };
     let out = rt.block_on(call_api(&client, call))?;
-    println!("{}", serde_json::to_string_pretty(&out)?);
-    Ok(())
+    print_out(&format!("{}\n", serde_json::to_string_pretty(&out)?))
+}
+
+/// Writes `text` to stdout. A reader that stopped reading (`| head`) is not an error.
+pub fn print_out(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
+    }
 }
 
 async fn call_api(c: &Client, call: Call) -> anyhow::Result<Value> {

@@ -370,7 +370,7 @@ pub fn run(
         }
     }
     let dir = tempfile::tempdir()?;
-    let runtime = Runtime::new(dir.path().join("compiled"))?;
+    let runtime = Runtime::new(compiled_cache().unwrap_or_else(|| dir.path().join("compiled")))?;
     let module = runtime
         .load(&spec.component)
         .map_err(|e| anyhow::anyhow!("the component: {e}"))?;
@@ -504,4 +504,17 @@ pub fn diff(got: &[StateEntry], want: &[StateEntry]) -> Vec<String> {
         }
     }
     out
+}
+
+/// Where `baton test-plugin` keeps compiled code across runs, so that a large component (Python,
+/// JavaScript) compiles once: `$BATON_COMPILED_CACHE`, else `$XDG_CACHE_HOME/baton/compiled`,
+/// else `~/.cache/baton/compiled`; `None` (a fresh directory per run) without a home.
+pub fn compiled_cache() -> Option<std::path::PathBuf> {
+    if let Some(d) = std::env::var_os("BATON_COMPILED_CACHE") {
+        return Some(d.into());
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache")))?;
+    Some(base.join("baton").join("compiled"))
 }

@@ -45,10 +45,11 @@ enum Command {
     /// Creates a processor's project: source, build setup, a sample input with the state it
     /// must leave, and a test script.
     New {
-        /// The language: rust (js, python, c and go are planned).
+        /// The language: rust or python (js, c and go are planned).
         #[arg(long, default_value = "rust")]
         lang: String,
-        /// The Rust SDK to depend on [default: the guest-sdk this baton was built from].
+        /// baton's guest-sdk directory: the Rust SDK, with the Python one in `python/` and the
+        /// WIT beside it in `../wit` [default: the guest-sdk this baton was built from].
         #[arg(long)]
         sdk: Option<PathBuf>,
         /// The new directory; its name is the processor's.
@@ -174,8 +175,11 @@ fn main() -> anyhow::Result<()> {
         Command::Build { dir } => {
             let wasm = baton::scaffold::build(&dir).map_err(anyhow::Error::msg)?;
             let bytes = std::fs::read(&wasm)?;
+            // Compiled into the cache `baton test-plugin` reads, so that a large component
+            // compiles once.
             let tmp = tempfile::tempdir()?;
-            let runtime = baton::runtime::Runtime::new(tmp.path().to_path_buf())?;
+            let cache = baton::local::compiled_cache().unwrap_or_else(|| tmp.path().to_path_buf());
+            let runtime = baton::runtime::Runtime::new(cache)?;
             let module = runtime
                 .load(&bytes)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", wasm.display()))?;

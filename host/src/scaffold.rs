@@ -37,12 +37,19 @@ pub fn new_project(lang: &str, dir: &Path, sdk: &Path) -> Result<Vec<PathBuf>, S
         .and_then(|n| n.to_str())
         .ok_or_else(|| format!("{}: no name", dir.display()))?;
     check_name(name)?;
+    if dir.exists() {
+        return Err(format!(
+            "{} exists already; pick a new directory",
+            dir.display()
+        ));
+    }
     match lang {
         "rust" => {}
-        "js" | "python" | "c" | "go" => {
+        "python" => return write_files(dir, python_files(name, sdk)?),
+        "js" | "c" | "go" => {
             return Err(format!(
-                "`--lang {lang}` is not available yet: this baton builds Rust processors (the \
-                 SDKs of other languages are planned); use --lang rust"
+                "`--lang {lang}` is not available yet: this baton builds Rust and Python \
+                 processors (the SDKs of other languages are planned); use --lang rust or python"
             ));
         }
         other => {
@@ -51,12 +58,6 @@ pub fn new_project(lang: &str, dir: &Path, sdk: &Path) -> Result<Vec<PathBuf>, S
                 LANGUAGES.join(", ")
             ));
         }
-    }
-    if dir.exists() {
-        return Err(format!(
-            "{} exists already; pick a new directory",
-            dir.display()
-        ));
     }
     let sdk = sdk
         .canonicalize()
@@ -67,6 +68,7 @@ pub fn new_project(lang: &str, dir: &Path, sdk: &Path) -> Result<Vec<PathBuf>, S
             sdk.display()
         ));
     }
+    let [records, state] = samples();
     let files: Vec<(&str, String)> = vec![
         (
             "Cargo.toml",
@@ -121,6 +123,43 @@ fn report(timer: &Timer, ctx: &mut Context) -> Result<()> {
 "#
             .to_string(),
         ),
+        records,
+        state,
+        ("test.sh", TEST_SCRIPT.to_string()),
+        (
+            "README.md",
+            format!(
+                "# {name}\n\nA baton processor.\n\n```sh\nbaton build                 # → the component's path, size and contract\n./test.sh                   # build, then run records.jsonl against state.jsonl\nbaton modules push <component> --name {name} --version 1   # deploy to a host\n```\n"
+            ),
+        ),
+    ];
+    write_files(dir, files)
+}
+
+/// Writes a new project's files (`test.sh` executable); returns their paths.
+fn write_files(dir: &Path, files: Vec<(&str, String)>) -> Result<Vec<PathBuf>, String> {
+    let mut written = Vec::new();
+    for (rel, text) in files {
+        let path = dir.join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        }
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+        written.push(path);
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let script = dir.join("test.sh");
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| format!("{}: {e}", script.display()))?;
+    }
+    Ok(written)
+}
+
+/// The sample input every template gets, and the state the template's processor leaves.
+fn samples() -> [(&'static str, String); 2] {
+    [
         (
             "records.jsonl",
             [
@@ -142,56 +181,215 @@ fn report(timer: &Timer, ctx: &mut Context) -> Result<()> {
             .join("\n")
                 + "\n",
         ),
-        (
-            "test.sh",
-            r#"#!/usr/bin/env bash
+    ]
+}
+
+const TEST_SCRIPT: &str = r#"#!/usr/bin/env bash
 # Builds the component and runs it over records.jsonl; fails when the state differs from
 # state.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")"
 wasm=$(baton build | cut -f1)
 baton test-plugin "$wasm" --input records.jsonl --expect state.jsonl --config output=out
+"#;
+
+/// A Python project: `app.py` on the Python SDK (`<sdk>/python`), built with componentize-py
+/// over the WIT at `<sdk>/../wit`, both named in `pyproject.toml`'s `[tool.baton]`.
+fn python_files(name: &str, sdk: &Path) -> Result<Vec<(&'static str, String)>, String> {
+    let py = sdk.join("python").canonicalize().map_err(|e| {
+        format!(
+            "the Python SDK at {}/python: {e}; pass --sdk PATH",
+            sdk.display()
+        )
+    })?;
+    if !py.join("baton_sdk/__init__.py").exists() {
+        return Err(format!(
+            "no Python SDK at {} (no baton_sdk/__init__.py); pass --sdk PATH to baton's guest-sdk",
+            py.display()
+        ));
+    }
+    let wit = sdk
+        .join("../wit")
+        .canonicalize()
+        .map_err(|e| format!("the WIT next to the SDK ({}/../wit): {e}", sdk.display()))?;
+    let [records, state] = samples();
+    Ok(vec![
+        (
+            "pyproject.toml",
+            format!(
+                r#"[project]
+name = "{name}"
+version = "0.1.0"
+requires-python = ">=3.11"
+dependencies = ["baton-sdk"]
+
+# What `baton build` gives componentize-py: the module with the processor, and where the SDK
+# and the WIT of baton:processor@0.2.0 are.
+[tool.baton]
+app = "app"
+sdk = "{}"
+wit = "{}"
+"#,
+                py.display(),
+                wit.display()
+            ),
+        ),
+        (
+            "app.py",
+            r#""""A baton processor: counts records per key into the store `counts`, and sends each
+key's count to the topic named by `config.output` (when set) once a minute of event time has
+passed since its first record."""
+
+from baton_sdk import on_timer, processor
+
+
+@processor
+def process(msg, ctx):
+    if msg.key is None:
+        return
+    if ctx.increment("counts", msg.key, 1) == 1:
+        ctx.schedule(msg.timestamp + 60_000, msg.key)
+
+
+@on_timer
+def report(timer, ctx):
+    output = ctx.config.get("output")
+    if output is not None:
+        n = ctx.counter("counts", timer.key)
+        ctx.send(output, timer.key, str(n).encode())
 "#
             .to_string(),
         ),
+        records,
+        state,
+        ("test.sh", TEST_SCRIPT.to_string()),
         (
             "README.md",
             format!(
-                "# {name}\n\nA baton processor.\n\n```sh\nbaton build                 # → the component's path, size and contract\n./test.sh                   # build, then run records.jsonl against state.jsonl\nbaton modules push <component> --name {name} --version 1   # deploy to a host\n```\n"
+                "# {name}\n\nA baton processor in Python.\n\n```sh\nbaton build                 # → the component's path, size and contract\n./test.sh                   # build, then run records.jsonl against state.jsonl\nbaton modules push <component> --name {name} --version 1   # deploy to a host\n```\n"
             ),
         ),
+    ])
+}
+
+/// componentize-py: `$BATON_COMPONENTIZE_PY`, else the one `scripts/setup` installs
+/// (`$BATON_CACHE/py`, `~/.cache/baton/py`), else the one on `PATH`.
+fn componentize_py() -> PathBuf {
+    if let Some(p) = std::env::var_os("BATON_COMPONENTIZE_PY") {
+        return p.into();
+    }
+    let caches = [
+        std::env::var_os("BATON_CACHE").map(PathBuf::from),
+        std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/baton")),
     ];
-    let mut written = Vec::new();
-    for (rel, text) in files {
-        let path = dir.join(rel);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+    for c in caches.into_iter().flatten() {
+        let p = c.join("py/bin/componentize-py");
+        if p.exists() {
+            return p;
         }
-        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
-        written.push(path);
     }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let script = dir.join("test.sh");
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
-            .map_err(|e| format!("{}: {e}", script.display()))?;
+    "componentize-py".into()
+}
+
+/// True when `out` is newer than every file under `inputs` (a build to skip).
+fn fresh(out: &Path, inputs: &[&Path]) -> bool {
+    fn newest(p: &Path) -> Option<std::time::SystemTime> {
+        let meta = std::fs::metadata(p).ok()?;
+        if meta.is_dir() {
+            let mut t = None;
+            for e in std::fs::read_dir(p).ok()? {
+                let path = e.ok()?.path();
+                let name = path.file_name()?.to_str()?;
+                if name.starts_with('.') || name == "target" || name == "__pycache__" {
+                    continue;
+                }
+                t = t.max(newest(&path));
+            }
+            t
+        } else {
+            meta.modified().ok()
+        }
     }
-    Ok(written)
+    let Some(built) = std::fs::metadata(out).and_then(|m| m.modified()).ok() else {
+        return false;
+    };
+    inputs.iter().all(|i| newest(i).is_none_or(|t| t < built))
+}
+
+/// Builds a Python project (`pyproject.toml` with `[tool.baton]`) with componentize-py into
+/// `target/<name>.wasm`; skipped when that is newer than the project, the SDK and the WIT.
+fn build_python(dir: &Path) -> Result<PathBuf, String> {
+    let text = std::fs::read_to_string(dir.join("pyproject.toml"))
+        .map_err(|e| format!("{}/pyproject.toml: {e}", dir.display()))?;
+    let doc: toml::Value =
+        toml::from_str(&text).map_err(|e| format!("{}/pyproject.toml: {e}", dir.display()))?;
+    let name = doc
+        .get("project")
+        .and_then(|p| p.get("name"))
+        .and_then(|n| n.as_str())
+        .ok_or("pyproject.toml has no [project] name")?;
+    let tool = doc
+        .get("tool")
+        .and_then(|t| t.get("baton"))
+        .ok_or("pyproject.toml has no [tool.baton] (app, sdk, wit): make one with `baton new --lang python`")?;
+    let field = |k: &str| -> Result<String, String> {
+        tool.get(k)
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+            .ok_or(format!("pyproject.toml: [tool.baton] has no `{k}`"))
+    };
+    let (app, sdk, wit) = (field("app")?, field("sdk")?, field("wit")?);
+    let (sdk, wit) = (dir.join(sdk), dir.join(wit));
+    let out = dir.join("target").join(format!("{name}.wasm"));
+    if fresh(&out, &[dir, &sdk, &wit]) {
+        return Ok(out);
+    }
+    std::fs::create_dir_all(dir.join("target")).map_err(|e| e.to_string())?;
+    let tool = componentize_py();
+    let output = Command::new(&tool)
+        .arg("-d")
+        .arg(&wit)
+        .args(["-w", "processor", "componentize", "-p"])
+        .arg(&sdk)
+        .arg("-p")
+        .arg(dir)
+        .arg(&app)
+        .arg("-o")
+        .arg(&out)
+        .current_dir(dir)
+        .output()
+        .map_err(|e| {
+            format!(
+                "running {}: {e}; install it with `pip install componentize-py==0.25.1` (scripts/setup does)",
+                tool.display()
+            )
+        })?;
+    if !output.status.success() {
+        let _ = std::fs::remove_file(&out);
+        return Err(format!(
+            "componentize-py failed ({}):\n{}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    Ok(out)
 }
 
 /// Builds the project in `dir` and returns its component's path.
 pub fn build(dir: &Path) -> Result<PathBuf, String> {
+    if dir.join("pyproject.toml").exists() {
+        return build_python(dir);
+    }
     if !dir.join("Cargo.toml").exists() {
         for (file, what) in [
             ("package.json", "JavaScript"),
-            ("pyproject.toml", "Python"),
             ("go.mod", "Go"),
             ("Makefile", "C"),
         ] {
             if dir.join(file).exists() {
                 return Err(format!(
-                    "{} looks like a {what} project: this baton builds Rust processors only",
+                    "{} looks like a {what} project: this baton builds Rust and Python processors",
                     dir.display()
                 ));
             }

@@ -221,6 +221,7 @@ fn text(baton: &crate::Baton) -> String {
     );
     let env = baton.state_env();
     let stats = env.cache_stats();
+    let (compiles, compile_s) = baton.runtime.compiles();
     for (name, kind, help, v) in [
         (
             "baton_block_cache_usage_bytes",
@@ -245,6 +246,18 @@ fn text(baton: &crate::Baton) -> String {
             "counter",
             "Block reads that went to disk.",
             stats.misses as f64,
+        ),
+        (
+            "baton_module_compiles_total",
+            "counter",
+            "Components compiled to native code since the host started (at upload, or at start when a module's compiled code was not kept); a restart or an upload of known bytes compiles nothing.",
+            compiles as f64,
+        ),
+        (
+            "baton_module_compile_seconds_total",
+            "counter",
+            "Seconds spent compiling components.",
+            compile_s,
         ),
     ] {
         let _ = writeln!(

@@ -340,7 +340,9 @@ impl HostCtx {
             table: ResourceTable::new(),
             limits: wasmtime::StoreLimitsBuilder::new()
                 .memory_size(memory_limit)
-                .instances(4)
+                // Components of other languages link several core modules (Python: libc, libpython,
+                // the runtime and adapters); a bound still, against runaway instantiation.
+                .instances(64)
                 .build(),
             pipeline,
             db: db.clone(),

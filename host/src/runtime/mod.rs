@@ -111,6 +111,9 @@ pub struct Runtime {
     linker: Linker<HostCtx>,
     cache_dir: PathBuf,
     engine_hash: String,
+    /// Components compiled to native code (not found in the cache), and the time it took.
+    compiles: std::sync::atomic::AtomicU64,
+    compile_us: std::sync::atomic::AtomicU64,
 }
 
 /// The hex sha256 of `bytes`.
@@ -155,7 +158,19 @@ impl Runtime {
             linker,
             cache_dir,
             engine_hash,
+            compiles: Default::default(),
+            compile_us: Default::default(),
         }))
+    }
+
+    /// How many components this runtime compiled (not found in its cache), and the seconds it
+    /// spent compiling them.
+    pub fn compiles(&self) -> (u64, f64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            self.compiles.load(Relaxed),
+            self.compile_us.load(Relaxed) as f64 / 1e6,
+        )
     }
 
     /// Checks that `bytes` are a component of the processor world in a compatible version.
@@ -206,15 +221,25 @@ impl Runtime {
         let started = std::time::Instant::now();
         let component = Component::new(&self.engine, bytes)
             .map_err(|e| ModuleError::Invalid(format!("{e:#}")))?;
+        let took = started.elapsed();
+        self.compiles
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.compile_us.fetch_add(
+            took.as_micros() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         tracing::info!(
             sha256,
-            ms = started.elapsed().as_millis() as u64,
+            ms = took.as_millis() as u64,
+            size = bytes.len(),
             "compiled component"
         );
         let code = component
             .serialize()
             .map_err(|e| ModuleError::Cache(format!("{e:#}")))?;
-        let tmp = path.with_extension("tmp");
+        // Several processes may share a cache (`baton test-plugin`): each writes its own file
+        // and renames it into place, so a reader never sees a partial one.
+        let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
         std::fs::write(&tmp, code)
             .and_then(|_| std::fs::rename(&tmp, &path))
             .map_err(|e| ModuleError::Cache(format!("{}: {e}", path.display())))?;
