@@ -105,7 +105,7 @@ async fn wait_fair_share(
     share: usize,
     seen: &BTreeMap<(String, u64), String>,
 ) -> anyhow::Result<()> {
-    wait_for(
+    let r = wait_for(
         &format!("{host} back with its fair share ({share} partitions), moved warm"),
         Duration::from_secs(120),
         || async {
@@ -125,7 +125,20 @@ async fn wait_fair_share(
             .then_some(()))
         },
     )
-    .await
+    .await;
+    if r.is_err() {
+        // What the cluster shows, to tell why.
+        for p in apis[0].partitions().await.unwrap_or_default() {
+            eprintln!(
+                "{} owner {} epoch {} state {} moves {}",
+                p["id"], p["owner"], p["epoch"], p["state"], p["moves"]
+            );
+        }
+        if let Ok(h) = apis[0].get("/api/v1/hosts").await {
+            eprintln!("hosts: {}", h.body);
+        }
+    }
+    r
 }
 
 /// Continuous produce to two pipelines (word-count, and uppercase with an output topic) on

@@ -27,6 +27,7 @@ pub struct Alone {
     address: Arc<RwLock<String>>,
     sampler: Sampler,
     meter: LoadMeter,
+    started_at: i64,
 }
 
 impl Alone {
@@ -37,6 +38,7 @@ impl Alone {
             address,
             sampler,
             meter: LoadMeter::default(),
+            started_at: now_ms(),
         }
     }
 }
@@ -57,6 +59,7 @@ impl Membership for Alone {
                 partitions: sample.partitions,
             }),
             last_heartbeat_ms: Some(at),
+            started_at_ms: Some(self.started_at),
         }]
     }
 
@@ -148,6 +151,7 @@ impl KafkaMembership {
                         sampler,
                         meter: LoadMeter::default(),
                         seen,
+                        started_at: now_ms(),
                     };
                     m.run(&stop);
                 })?
@@ -176,6 +180,7 @@ impl Membership for KafkaMembership {
                     controller: seen.members.get(id).copied().unwrap_or(false),
                     load: report.map(HostLoad::from),
                     last_heartbeat_ms: report.map(|r| r.at),
+                    started_at_ms: report.map(|r| r.started_at).filter(|t| *t > 0),
                 }
             })
             .collect()
@@ -216,6 +221,8 @@ struct Member {
     sampler: Sampler,
     meter: LoadMeter,
     seen: Arc<Mutex<Seen>>,
+    /// When this host joined (ms since the Unix epoch), in every load report.
+    started_at: i64,
 }
 
 impl Member {
@@ -272,6 +279,7 @@ impl Member {
             guest_cpu_s_per_s,
             partitions: sample.partitions,
             at: now_ms(),
+            started_at: self.started_at,
             detail: sample.detail,
         };
         let Ok(value) = serde_json::to_vec(&report) else {

@@ -32,6 +32,10 @@ pub struct LoadReport {
     pub partitions: u32,
     /// When it was sent (ms since the Unix epoch): the host's last heartbeat.
     pub at: i64,
+    /// When the host joined the cluster (ms since the Unix epoch): a host that starts again
+    /// reports a new time, so the controller knows it joined even if it was never seen gone.
+    #[serde(default)]
+    pub started_at: i64,
     /// Its partitions as the partition table shows them, so that every host shows every
     /// partition.
     #[serde(default)]
@@ -74,6 +78,8 @@ pub struct HostInfo {
     pub load: Option<HostLoad>,
     /// When its last load report was sent (ms since the Unix epoch).
     pub last_heartbeat_ms: Option<i64>,
+    /// When it joined the cluster (ms since the Unix epoch), from its load reports.
+    pub started_at_ms: Option<i64>,
 }
 
 /// Which hosts form the cluster, as this host sees it.

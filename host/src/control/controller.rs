@@ -114,6 +114,28 @@ pub fn plan(
 /// How long a host must be live before the controller moves partitions to it.
 const JOIN_SETTLE: Duration = Duration::from_secs(2);
 
+/// How long after it joins a host is topped up to its fair share (moves under way delay it).
+const JOIN_WINDOW: Duration = Duration::from_secs(120);
+
+/// A host that joined while this host was the controller, not yet at its fair share.
+#[derive(Debug, Clone, Copy)]
+struct Joiner {
+    /// When it was first seen live.
+    since: std::time::Instant,
+    /// When to look at its share next.
+    next: std::time::Instant,
+    /// Rounds of moves asked for it so far.
+    rounds: u32,
+}
+
+/// The live hosts the controller knows: by id, when each joined (its load reports say), and
+/// for one that joined since this host became the controller, its top-up to a fair share.
+type Known = BTreeMap<String, (Option<i64>, Option<Joiner>)>;
+
+/// Rounds of moves a joining host gets before the controller stops topping it up (its moves
+/// keep being abandoned: it refuses replicas over its `--state-disk` bound, say).
+const JOIN_ROUNDS: u32 = 3;
+
 /// Moves that give each host of `joined` a fair share of the partitions (the total over the
 /// live hosts, rounded down), each taken from the live host that has the most, and not from a
 /// partition that is moving already.
@@ -167,8 +189,9 @@ impl Baton {
             .spawn(move || {
                 let mut producer: Option<BaseProducer> = None;
                 // The live hosts at the last look; for one that joined since this host became
-                // the controller, when, until it gets its fair share (once live a moment).
-                let mut known: Option<BTreeMap<String, Option<std::time::Instant>>> = None;
+                // the controller, when it joined and when to look at its share again, until it
+                // has its fair share or JOIN_WINDOW has passed.
+                let mut known: Option<Known> = None;
                 while !stop.load(Ordering::Relaxed) {
                     std::thread::sleep(TICK);
                     let Some(baton) = me.upgrade() else { return };
@@ -190,24 +213,85 @@ impl Baton {
                         baton.abandon_move(&m, reason);
                     }
                     // Hosts live when this host became the controller count as known; one
-                    // that joins later gets a fair share, by warm moves.
+                    // that joins later gets a fair share, by warm moves. While any move is
+                    // under way (one of these, or one asked for by hand) the shares wait, and
+                    // they are looked at again after each round of moves: a move abandoned,
+                    // or a partition that was moving when the host joined, does not leave it
+                    // short.
+                    // A host is known by its id and when it joined: one that stopped and
+                    // started again between two looks (never seen gone) joined again too.
                     let now = std::time::Instant::now();
-                    let seen = known
-                        .get_or_insert_with(|| alive.iter().map(|h| (h.clone(), None)).collect());
+                    let live: Vec<(String, Option<i64>)> = hosts
+                        .iter()
+                        .filter(|h| h.alive)
+                        .map(|h| (h.id.clone(), h.started_at_ms))
+                        .collect();
+                    let seen = known.get_or_insert_with(|| {
+                        live.iter()
+                            .map(|(h, started)| (h.clone(), (*started, None)))
+                            .collect()
+                    });
                     seen.retain(|h, _| alive.contains(h));
-                    let mut joined = Vec::new();
-                    for h in &alive {
-                        let since = seen.entry(h.clone()).or_insert(Some(now));
-                        if since.is_some_and(|t| now.duration_since(t) >= JOIN_SETTLE) {
-                            joined.push(h.clone());
-                            *since = None;
+                    for (h, started) in &live {
+                        let joiner = Joiner {
+                            since: now,
+                            next: now + JOIN_SETTLE,
+                            rounds: 0,
+                        };
+                        match seen.get_mut(h) {
+                            None => {
+                                seen.insert(h.clone(), (*started, Some(joiner)));
+                            }
+                            Some((known_start, state)) => {
+                                if started.is_some() && *known_start != *started {
+                                    if known_start.is_some() {
+                                        *state = Some(joiner);
+                                    }
+                                    *known_start = *started;
+                                }
+                            }
                         }
                     }
-                    if !joined.is_empty() {
+                    let moving = {
+                        let catalog = baton.catalog.lock();
+                        catalog
+                            .assignments
+                            .keys()
+                            .any(|p| catalog.move_under_way(p).is_some())
+                    };
+                    for (h, (_, joiner)) in seen.iter_mut() {
+                        let Some(j) = joiner else { continue };
+                        if now.duration_since(j.since) > JOIN_WINDOW {
+                            tracing::warn!(
+                                host = %h,
+                                rounds = j.rounds,
+                                "a joining host did not get its fair share; its partitions stay where they are"
+                            );
+                            *joiner = None;
+                            continue;
+                        }
+                        if moving || now < j.next {
+                            continue;
+                        }
                         let moves = {
                             let catalog = baton.catalog.lock();
-                            fair_share(&catalog, &alive, &joined)
+                            fair_share(&catalog, &alive, std::slice::from_ref(h))
                         };
+                        if moves.is_empty() {
+                            *joiner = None;
+                            continue;
+                        }
+                        if j.rounds >= JOIN_ROUNDS {
+                            tracing::warn!(
+                                host = %h,
+                                rounds = j.rounds,
+                                "a joining host did not get its fair share; its partitions stay where they are"
+                            );
+                            *joiner = None;
+                            continue;
+                        }
+                        j.next = now + JOIN_SETTLE;
+                        j.rounds += 1;
                         for (partition, to) in moves {
                             match baton.request_move(&partition, &to) {
                                 Ok(id) => tracing::info!(
@@ -218,6 +302,8 @@ impl Baton {
                                 }
                             }
                         }
+                        // One joiner's round at a time: the next looks once these are done.
+                        break;
                     }
                     let changes = {
                         let catalog = baton.catalog.lock();
