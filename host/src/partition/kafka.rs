@@ -153,10 +153,14 @@ impl KafkaIo {
                 (consumer, producer, None)
             }
         };
-        if eos {
-            if warm.is_none() {
-                producer.connect(Duration::from_secs(10))?;
-            }
+        // A move's target registers its producer (fencing the old owner's) on the committer
+        // thread, while the session restores and reads its positions: the old owner has
+        // drained (committed, stopped, and holds the partition), so nothing it could write is
+        // left to fence, and the first commit waits for the registration. Any other session
+        // (a failover, whose old owner may still be alive) fences first.
+        let deferred_init = eos && warm.is_some();
+        if eos && !deferred_init {
+            producer.connect(Duration::from_secs(10))?;
             producer.init_transactions()?;
         }
         let changelogs: Vec<String> = pipeline
@@ -168,6 +172,7 @@ impl KafkaIo {
         let group = consumer.group_metadata()?;
         let committer = Committer::start(
             id,
+            deferred_init,
             CommitterState {
                 producer,
                 group,
@@ -495,15 +500,28 @@ struct Committer {
 }
 
 impl Committer {
-    fn start(id: &str, state: CommitterState) -> anyhow::Result<Self> {
+    /// With `init`, the thread first registers the transactional producer
+    /// (`init_transactions`); every commit fails with its error if that fails.
+    fn start(id: &str, init: bool, state: CommitterState) -> anyhow::Result<Self> {
         let (jobs, rx) = mpsc::sync_channel::<Job>(1);
         let (tx, done) = mpsc::sync_channel(1);
         let transactional = state.producer.is_transactional();
         let thread = std::thread::Builder::new()
             .name(format!("baton-commit-{id}"))
             .spawn(move || {
+                let registered = if init {
+                    state
+                        .producer
+                        .init_transactions()
+                        .map_err(|e| format!("registering the transactional producer: {e:#}"))
+                } else {
+                    Ok(())
+                };
                 for job in rx {
-                    let r = state.commit(&job);
+                    let r = match &registered {
+                        Ok(()) => state.commit(&job),
+                        Err(e) => Err(anyhow::anyhow!("{e}")),
+                    };
                     // The batch is let go of before the result is sent: the partition thread
                     // then owns the writes alone and moves them into its cache.
                     drop(job);
