@@ -19,6 +19,22 @@ pub fn plugin(name: &str) -> PathBuf {
     Path::new(env!("BATON_PLUGIN_DIR")).join(format!("{}.wasm", name.replace('-', "_")))
 }
 
+/// A record timestamp for tests whose records go through Kafka: a day ago, rounded down to the
+/// hour (so that windows align as with a constant), the same for the whole test process.
+/// Records with timestamps older than the broker's retention (7 days) are deleted as soon as
+/// their segment rolls, which it does at once for such timestamps: a fixed date in the past
+/// makes a test's input or output vanish at a time that depends on the broker's retention check.
+pub fn recent_base() -> i64 {
+    static BASE: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *BASE.get_or_init(|| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        (now - 86_400_000) / 3_600_000 * 3_600_000
+    })
+}
+
 /// The bytes of a plugin's component.
 pub fn plugin_bytes(name: &str) -> Vec<u8> {
     std::fs::read(plugin(name)).unwrap_or_else(|e| panic!("{}: {e}", plugin(name).display()))

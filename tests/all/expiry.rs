@@ -28,7 +28,7 @@ async fn expired_entries_vanish_and_their_tombstones_reach_the_changelog() -> an
     }))
     .await?;
 
-    let base = 1_700_000_000_000i64;
+    let base = baton_tests::recent_base();
     let rec = |k: &str, v: &str, ts: i64| json!({"key": k, "value": v, "timestamp": ts});
     let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
     // First sight of every key; half of them again within the TTL (dropped); then time moves

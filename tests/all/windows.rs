@@ -32,7 +32,7 @@ fn input(n: usize) -> Vec<(String, String, i64)> {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            let base = 1_700_000_000_000 + (i as i64) * 7;
+            let base = baton_tests::recent_base() + (i as i64) * 7;
             let ts = match x % 20 {
                 _ if (n / 2..n / 2 + 200).contains(&i) => base - 4_000,
                 0 => base - 4_000,                // very late: its window closed
@@ -348,7 +348,7 @@ async fn timers_wait_out_a_0_1_version_and_fire_after_the_swap_back() -> anyhow:
         anyhow::Ok(slots)
     };
     // Ten keys, each with records in one window that stays open.
-    let base = 1_700_000_000_000i64;
+    let base = baton_tests::recent_base();
     let first: Vec<Value> = (0..30)
         .map(|i| json!({"key": format!("k{}", i % 10), "value": "x", "timestamp": base + i}))
         .collect();
