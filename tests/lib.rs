@@ -26,13 +26,7 @@ pub fn plugin(name: &str) -> PathBuf {
 /// makes a test's input or output vanish at a time that depends on the broker's retention check.
 pub fn recent_base() -> i64 {
     static BASE: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
-    *BASE.get_or_init(|| {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as i64)
-            .unwrap_or(0);
-        (now - 86_400_000) / 3_600_000 * 3_600_000
-    })
+    *BASE.get_or_init(|| (baton::control::now_ms() - 86_400_000) / 3_600_000 * 3_600_000)
 }
 
 /// The bytes of a plugin's component.
@@ -712,6 +706,24 @@ pub async fn member(dir: &Path, cluster: &str, id: &str) -> Result<InProcess> {
     .await
 }
 
+/// A `baton run` process on Kafka, host `id` of `cluster`, with the tests' 6 s session: the
+/// process counterpart of [`member`].
+pub async fn child_member(dir: &Path, cluster: &str, id: &str) -> Result<ChildHost> {
+    ChildHost::start_in(
+        dir,
+        cluster,
+        &[
+            "--kafka",
+            &kafka_bootstrap(),
+            "--host-id",
+            id,
+            "--session-timeout",
+            "6s",
+        ],
+    )
+    .await
+}
+
 /// Waits (up to 60 s) until `api` shows `n` live hosts.
 pub async fn wait_alive(api: &Api, n: usize) -> Result<()> {
     wait_for(
@@ -1042,4 +1054,39 @@ pub async fn kill9_at_random(
          (seed {seed})"
     );
     host.kill9()
+}
+
+/// Helpers of the per-record benchmarks (`wasm_call`, `languages`).
+pub mod bench {
+    use std::sync::Arc;
+
+    use baton::runtime::{HostCtx, Message};
+    use baton::state::PartitionDb;
+
+    /// Batch `round` of `n` word-count records over 10,000 keys, in slot 0.
+    pub fn word_batch(n: usize, round: u64) -> Vec<Message> {
+        (0..n)
+            .map(|i| Message {
+                topic: "words".into(),
+                slot: 0,
+                offset: round * n as u64 + i as u64,
+                timestamp: 0,
+                key: Some(format!("key-{:08}", (round as usize * n + i) % 10_000).into_bytes()),
+                value: Some(b"x".to_vec()),
+                headers: vec![],
+            })
+            .collect()
+    }
+
+    /// A host context over `db`, as a partition's instance gets, with `memory` bytes of guest
+    /// memory.
+    pub fn host_ctx(db: &Arc<PartitionDb>, memory: usize) -> HostCtx {
+        HostCtx::new(
+            "bench".into(),
+            db.clone(),
+            Arc::new(baton::runtime::WriteLimits::default()),
+            memory,
+            Default::default(),
+        )
+    }
 }

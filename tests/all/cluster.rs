@@ -6,9 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use baton_tests::{
-    ChildHost, InProcess, cluster_name, kafka_bootstrap, kafka_lock, member, wait_for,
-};
+use baton_tests::{InProcess, cluster_name, kafka_bootstrap, kafka_lock, member, wait_for};
 use serde_json::Value;
 
 /// id → (address, alive, controller), as one host answers `GET /api/v1/hosts`.
@@ -75,18 +73,7 @@ async fn hosts_agree_on_members_and_one_controller_as_hosts_come_and_go() -> any
     for (i, id) in ["a", "b", "c"].iter().enumerate() {
         hosts.push(member(dirs[i].path(), &cluster, id).await?);
     }
-    let child = ChildHost::start(
-        dirs[3].path(),
-        &[
-            "--kafka",
-            &kafka_bootstrap(),
-            "--host-id",
-            "d",
-            "--session-timeout",
-            "6s",
-        ],
-    )
-    .await?;
+    let child = baton_tests::child_member(dirs[3].path(), &cluster, "d").await?;
     let mut alive: BTreeMap<&str, String> = ["a", "b", "c"]
         .iter()
         .zip(&hosts)
@@ -284,18 +271,7 @@ async fn partitions_spread_over_hosts_and_fail_over_with_exact_counts() -> anyho
     for (i, id) in ["a", "b"].iter().enumerate() {
         hosts.push(member(dirs[i].path(), &cluster, id).await?);
     }
-    let child = ChildHost::start(
-        dirs[2].path(),
-        &[
-            "--kafka",
-            &kafka_bootstrap(),
-            "--host-id",
-            "c",
-            "--session-timeout",
-            "6s",
-        ],
-    )
-    .await?;
+    let child = baton_tests::child_member(dirs[2].path(), &cluster, "c").await?;
     let apis: Vec<baton_tests::Api> = hosts
         .iter()
         .map(|h| h.api.clone())
@@ -469,18 +445,7 @@ async fn a_paused_owner_is_fenced_and_rejoins_without_a_fencing_loop() -> anyhow
         .collect::<Result<_, _>>()?;
     let cluster = cluster_name(dirs[1].path());
     let a = member(dirs[0].path(), &cluster, "a").await?;
-    let c = ChildHost::start(
-        dirs[1].path(),
-        &[
-            "--kafka",
-            &kafka_bootstrap(),
-            "--host-id",
-            "c",
-            "--session-timeout",
-            "6s",
-        ],
-    )
-    .await?;
+    let c = baton_tests::child_member(dirs[1].path(), &cluster, "c").await?;
     let both = [a.api.clone(), c.api.clone()];
     let everyone: BTreeMap<&str, String> = [
         ("a", a.api.base().to_string()),

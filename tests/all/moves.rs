@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use baton_tests::{
-    ChildHost, InProcess, cluster_name, kafka_bootstrap, kafka_lock, member, wait_alive, wait_for,
+    InProcess, cluster_name, kafka_bootstrap, kafka_lock, member, wait_alive, wait_for,
 };
 use serde_json::{Value, json};
 
@@ -67,23 +67,6 @@ async fn row(api: &baton_tests::Api, id: &str) -> anyhow::Result<Value> {
         .into_iter()
         .find(|p| p["id"] == id)
         .ok_or_else(|| anyhow::anyhow!("no partition {id}"))
-}
-
-/// `baton run` as host `id` of `cluster` on `dir`, with the tests' 6 s session.
-async fn child(dir: &std::path::Path, cluster: &str, id: &str) -> anyhow::Result<ChildHost> {
-    ChildHost::start_in(
-        dir,
-        cluster,
-        &[
-            "--kafka",
-            &kafka_bootstrap(),
-            "--host-id",
-            id,
-            "--session-timeout",
-            "6s",
-        ],
-    )
-    .await
 }
 
 /// The ids of the partitions `host` owns and runs, as `api` shows them.
@@ -162,8 +145,8 @@ async fn partitions_move_live_and_hosts_fail_and_rejoin_with_exact_counts_and_ou
     // a in this process; b and c `baton` processes, so that one can get SIGTERM and the other
     // kill -9.
     let a = member(dirs[0].path(), &cluster, "a").await?;
-    let mut b = child(dirs[1].path(), &cluster, "b").await?;
-    let mut c = child(dirs[2].path(), &cluster, "c").await?;
+    let mut b = baton_tests::child_member(dirs[1].path(), &cluster, "b").await?;
+    let mut c = baton_tests::child_member(dirs[2].path(), &cluster, "c").await?;
     let mut apis: Vec<baton_tests::Api> = vec![a.api.clone(), b.api.clone(), c.api.clone()];
     for api in &apis {
         wait_alive(api, 3).await?;
@@ -420,7 +403,7 @@ async fn partitions_move_live_and_hosts_fail_and_rejoin_with_exact_counts_and_ou
             .map(|p| p["last_pause_ms"].clone())
             .collect::<Vec<_>>()
     );
-    b = child(dirs[1].path(), &cluster, "b").await?;
+    b = baton_tests::child_member(dirs[1].path(), &cluster, "b").await?;
     apis[1] = b.api.clone();
     wait_fair_share(&apis, "b", parts.len() / 3, &seen).await?;
 
@@ -473,7 +456,7 @@ async fn partitions_move_live_and_hosts_fail_and_rejoin_with_exact_counts_and_ou
         },
     )
     .await?;
-    c = child(dirs[2].path(), &cluster, "c").await?;
+    c = baton_tests::child_member(dirs[2].path(), &cluster, "c").await?;
     apis[2] = c.api.clone();
     wait_fair_share(&apis, "c", parts.len() / 3, &seen).await?;
 
@@ -573,18 +556,7 @@ async fn a_standby_is_kept_warm_and_promoted_on_failover_without_a_full_restore(
         .collect::<Result<_, _>>()?;
     let cluster = cluster_name(dirs[1].path());
     let a = member(dirs[0].path(), &cluster, "a").await?;
-    let c = ChildHost::start(
-        dirs[1].path(),
-        &[
-            "--kafka",
-            &kafka_bootstrap(),
-            "--host-id",
-            "c",
-            "--session-timeout",
-            "6s",
-        ],
-    )
-    .await?;
+    let c = baton_tests::child_member(dirs[1].path(), &cluster, "c").await?;
     wait_alive(&a.api, 2).await?;
     let input = baton_tests::unique("sb-in");
     a.api.upload_plugin("word-count", "word-count", "1").await?;

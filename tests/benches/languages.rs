@@ -20,27 +20,11 @@ use baton::state::{PartitionDb, StateEnv};
 const BATCH: usize = 100;
 
 fn batch(round: u64) -> Vec<Message> {
-    (0..BATCH)
-        .map(|i| Message {
-            topic: "words".into(),
-            slot: 0,
-            offset: round * BATCH as u64 + i as u64,
-            timestamp: 0,
-            key: Some(format!("key-{:08}", (round as usize * BATCH + i) % 10_000).into_bytes()),
-            value: Some(b"x".to_vec()),
-            headers: vec![],
-        })
-        .collect()
+    baton_tests::bench::word_batch(BATCH, round)
 }
 
 fn host_ctx(db: &Arc<PartitionDb>) -> HostCtx {
-    HostCtx::new(
-        "bench".into(),
-        db.clone(),
-        Arc::new(baton::runtime::WriteLimits::default()),
-        256 << 20,
-        Default::default(),
-    )
+    baton_tests::bench::host_ctx(db, 256 << 20)
 }
 
 /// Nanoseconds per record of `run` over `rounds` batches (after a warm-up of a tenth).

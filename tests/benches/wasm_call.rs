@@ -17,28 +17,12 @@ use baton::state::{PartitionDb, StateEnv};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
 fn batch(n: usize, round: u64) -> Vec<Message> {
-    (0..n)
-        .map(|i| Message {
-            topic: "words".into(),
-            slot: 0,
-            offset: round * n as u64 + i as u64,
-            timestamp: 0,
-            key: Some(format!("key-{:08}", (round as usize * n + i) % 10_000).into_bytes()),
-            value: Some(b"x".to_vec()),
-            headers: vec![],
-        })
-        .collect()
+    baton_tests::bench::word_batch(n, round)
 }
 
 /// A host context over `db`, as a partition's instance gets.
 fn host_ctx(db: &Arc<PartitionDb>) -> HostCtx {
-    HostCtx::new(
-        "bench".into(),
-        db.clone(),
-        Arc::new(baton::runtime::WriteLimits::default()),
-        64 << 20,
-        Default::default(),
-    )
+    baton_tests::bench::host_ctx(db, 64 << 20)
 }
 
 /// An instance of a plugin over `db`, initialised.
