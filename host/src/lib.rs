@@ -12,6 +12,7 @@
 
 pub mod app;
 pub mod cluster;
+pub mod componentize;
 pub mod config;
 pub mod control;
 pub mod error;

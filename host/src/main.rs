@@ -45,11 +45,12 @@ enum Command {
     /// Creates a processor's project: source, build setup, a sample input with the state it
     /// must leave, and a test script.
     New {
-        /// The language: rust or python (js, c and go are planned).
+        /// The language: rust, js, python, c or go.
         #[arg(long, default_value = "rust")]
         lang: String,
-        /// baton's guest-sdk directory: the Rust SDK, with the Python one in `python/` and the
-        /// WIT beside it in `../wit` [default: the guest-sdk this baton was built from].
+        /// baton's guest-sdk directory: the Rust SDK, with those of the other languages in
+        /// `js/`, `python/`, `c/` and `go/`, and the WIT beside it in `../wit` [default: the
+        /// guest-sdk this baton was built from].
         #[arg(long)]
         sdk: Option<PathBuf>,
         /// The new directory; its name is the processor's.
@@ -60,6 +61,25 @@ enum Command {
     Build {
         /// The project.
         #[arg(default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Makes a core WebAssembly module (C or Go, built for wasm32-wasip1) into a processor
+    /// component: embeds the contract's WIT (world `processor`) and adapts WASI preview 1
+    /// imports. Prints the component's path, size and contract version, tab-separated.
+    Componentize {
+        /// The core module.
+        core: PathBuf,
+        /// The component to write.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// A WIT directory to use instead of the contract this baton was built with.
+        #[arg(long)]
+        wit: Option<PathBuf>,
+    },
+    /// Writes the contract's WIT files (baton:processor@0.2.0) into DIR, for bindings
+    /// generators.
+    Wit {
+        /// Where to write them.
         dir: PathBuf,
     },
     /// Client commands: calls to a host's HTTP API.
@@ -172,28 +192,45 @@ fn main() -> anyhow::Result<()> {
             }
             return Ok(());
         }
+        Command::Wit { dir } => {
+            baton::componentize::write_wit(&dir)
+                .with_context(|| format!("writing the WIT into {}", dir.display()))?;
+            return Ok(());
+        }
+        Command::Componentize { core, output, wit } => {
+            let bytes = std::fs::read(&core).with_context(|| core.display().to_string())?;
+            let component = baton::componentize::componentize(&bytes, wit.as_deref())
+                .map_err(|e| anyhow::anyhow!("{}: {e}", core.display()))?;
+            std::fs::write(&output, &component)
+                .with_context(|| output.display().to_string())?;
+            return describe(&output);
+        }
         Command::Build { dir } => {
             let wasm = baton::scaffold::build(&dir).map_err(anyhow::Error::msg)?;
-            let bytes = std::fs::read(&wasm)?;
-            // Compiled into the cache `baton test-plugin` reads, so that a large component
-            // compiles once.
-            let tmp = tempfile::tempdir()?;
-            let cache = baton::local::compiled_cache().unwrap_or_else(|| tmp.path().to_path_buf());
-            let runtime = baton::runtime::Runtime::new(cache)?;
-            let module = runtime
-                .load(&bytes)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", wasm.display()))?;
-            println!(
-                "{}\t{} bytes\t{}",
-                wasm.display(),
-                bytes.len(),
-                module.wit()
-            );
-            return Ok(());
+            return describe(&wasm);
         }
         Command::Client(call) => call,
     };
     cli::run(cli.conn, call)
+}
+
+/// Prints a component's path, size and contract version, tab-separated, after compiling it into
+/// the cache `baton test-plugin` reads (so that a large component compiles once).
+fn describe(wasm: &std::path::Path) -> anyhow::Result<()> {
+    let bytes = std::fs::read(wasm)?;
+    let tmp = tempfile::tempdir()?;
+    let cache = baton::local::compiled_cache().unwrap_or_else(|| tmp.path().to_path_buf());
+    let runtime = baton::runtime::Runtime::new(cache)?;
+    let module = runtime
+        .load(&bytes)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", wasm.display()))?;
+    println!(
+        "{}\t{} bytes\t{}",
+        wasm.display(),
+        bytes.len(),
+        module.wit()
+    );
+    Ok(())
 }
 
 fn test_plugin(args: TestPluginArgs) -> anyhow::Result<()> {

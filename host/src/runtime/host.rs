@@ -64,8 +64,10 @@ impl wasmtime_wasi::HostMonotonicClock for FrozenClock {
     fn resolution(&self) -> u64 {
         1_000_000_000
     }
+    /// One nanosecond, not zero: Go's runtime refuses to start on a monotonic clock that reads
+    /// 0 ("nanotime returning zero").
     fn now(&self) -> u64 {
-        0
+        1
     }
 }
 
