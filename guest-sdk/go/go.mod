@@ -1,0 +1,3 @@
+module baton/sdk
+
+go 1.24
