@@ -1166,6 +1166,8 @@ impl PartitionTask {
             // discarded and it goes to the dead-letter topic, or, when even that is
             // refused, it is dropped with an event saying so.
             inst.ctx().overlay.discard_committing();
+            // What the discarded writes removed (fired timers, say) is back in RocksDB's view.
+            inst.ctx().forget_cached_state();
             restart = on_top;
             let reason = format!("{e:#}");
             let dead = self.dead_letter_output(&one, &reason, EventKind::Error, dlq);

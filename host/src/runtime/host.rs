@@ -323,6 +323,10 @@ pub struct HostCtx {
     pub(super) time_store: Option<usize>,
     /// Per slot and store: whether entries may carry an expiry.
     pub(super) expiring: HashMap<(u32, usize), bool>,
+    /// Per slot, time-store index (timers, expiries) and clock: no live entry is due before
+    /// this time, so scans for due entries start there instead of walking the tombstones of
+    /// those that fired (see `time::HostCtx::due_timers`).
+    pub(super) time_floor: HashMap<(u32, u8, u8), i64>,
 }
 
 impl HostCtx {
@@ -364,6 +368,7 @@ impl HostCtx {
             last_backtrace: parking_lot::Mutex::new(None),
             time_store: db.store_id(super::time::TIME_STORE),
             expiring: HashMap::new(),
+            time_floor: HashMap::new(),
         }
     }
 
@@ -394,6 +399,9 @@ impl HostCtx {
         }
         self.overlay.drop_call();
         self.outputs.truncate(self.call_start);
+        // The call's removals of due timers and expiries come back, maybe under a floor a
+        // later scan of the call raised.
+        self.time_floor.clear();
     }
 
     /// Adds a dead letter to the batch's outputs (not part of any call).
@@ -403,11 +411,12 @@ impl HostCtx {
     }
 
     /// Forgets what was read and cached from state (values, event times, which stores have
-    /// expiries): after a restore wrote under it.
+    /// expiries, where due timers start): after a restore wrote under it.
     pub fn forget_cached_state(&mut self) {
         self.overlay.forget_cache();
         self.event_times.clear();
         self.expiring.clear();
+        self.time_floor.clear();
     }
 
     /// Forgets the resources and WASI state of a dropped instance before a new one is made.

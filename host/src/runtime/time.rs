@@ -128,8 +128,56 @@ impl HostCtx {
 
     fn time_put(&mut self, k: Vec<u8>, v: Option<Vec<u8>>) {
         if let Some(ts) = self.time_store {
+            // A timer or an expiry set before the floor of its index lowers the floor.
+            if v.is_some()
+                && let (Some(slot), Some(&tag), Some(&clock), Some(at)) = (
+                    k.get(..4).and_then(|s| <[u8; 4]>::try_from(s).ok()),
+                    k.get(4),
+                    k.get(5),
+                    k.get(6..14).and_then(unsortable),
+                )
+                && (tag == TIMER || tag == BY_TIME)
+                && let Some(floor) = self
+                    .time_floor
+                    .get_mut(&(u32::from_be_bytes(slot), tag, clock))
+            {
+                *floor = (*floor).min(at);
+            }
             self.overlay.put(ts, k, v);
         }
+    }
+
+    /// Up to `limit` entries of the index `tag` (timers or expiries) of `slot` on `clock` due
+    /// by `clock_now`, oldest first. Fired entries leave tombstones at the start of the index
+    /// until compaction; the scan starts at the index's floor, the oldest due entry the last
+    /// scan found (or past its end when it found none), which only an entry set since can
+    /// lower. A call dropped with its removals brings back entries at or after the floor.
+    fn due_in_index(
+        &mut self,
+        ts: usize,
+        slot: u32,
+        tag: u8,
+        clock: Clock,
+        clock_now: i64,
+        limit: usize,
+    ) -> wasmtime::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let at_floor = (slot, tag, clock.byte());
+        let lo = match self.time_floor.get(&at_floor) {
+            Some(&f) => key(slot, tag, &[&[clock.byte()], &sortable(f)]),
+            None => key(slot, tag, &[&[clock.byte()]]),
+        };
+        let hi = due_end(slot, tag, clock, clock_now);
+        let rows = if lo < hi {
+            self.merged_range(ts, &lo, &hi, limit)?
+        } else {
+            Vec::new()
+        };
+        let floor = match rows.first() {
+            Some((k, _)) => k.get(6..14).and_then(unsortable).unwrap_or(i64::MIN),
+            None => clock_now.saturating_add(1),
+        };
+        self.time_floor.insert(at_floor, floor);
+        Ok(rows)
     }
 
     /// The event time of `slot`, `-1` before its first record.
@@ -255,9 +303,7 @@ impl HostCtx {
         let event_time = self.slot_event_time(slot)?;
         let mut due = Vec::new();
         for (clock, clock_now) in [(Clock::Event, event_time), (Clock::Processing, now)] {
-            let lo = key(slot, TIMER, &[&[clock.byte()]]);
-            let hi = due_end(slot, TIMER, clock, clock_now);
-            for (k, v) in self.merged_range(ts, &lo, &hi, limit)? {
+            for (k, v) in self.due_in_index(ts, slot, TIMER, clock, clock_now, limit)? {
                 let (Some(at), Some(&flag)) = (unsortable(&k[6..14]), v.first()) else {
                     continue;
                 };
@@ -405,9 +451,7 @@ impl HostCtx {
         let event_time = self.slot_event_time(slot)?;
         let mut removed = 0;
         for (clock, clock_now) in [(Clock::Event, event_time), (Clock::Processing, now)] {
-            let lo = key(slot, BY_TIME, &[&[clock.byte()]]);
-            let hi = due_end(slot, BY_TIME, clock, clock_now);
-            for (k, _) in self.merged_range(ts, &lo, &hi, limit - removed)? {
+            for (k, _) in self.due_in_index(ts, slot, BY_TIME, clock, clock_now, limit - removed)? {
                 self.time_put(k.clone(), None);
                 let rest = &k[14..];
                 let Some((&len, rest)) = rest.split_first() else {
@@ -650,5 +694,45 @@ mod state_tests {
         c.drop_call();
         assert_eq!(c.slot_event_time(0).unwrap(), 250);
         assert_eq!(c.pending_timers(0..1).unwrap(), 1);
+    }
+
+    /// Scans for due timers start past the tombstones of fired ones; a timer scheduled before
+    /// that point, or a removal dropped with its call, is still found.
+    #[test]
+    fn due_timers_start_past_fired_ones_yet_find_earlier_new_and_restored_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = ctx(dir.path(), 100);
+        let at = |due: &[DueTimer]| due.iter().map(|t| t.at).collect::<Vec<_>>();
+        call(&mut c, 0, 0);
+        for t in [10, 20, 30] {
+            c.schedule_timer(Clock::Event, t, b"k", None)
+                .unwrap()
+                .unwrap();
+        }
+        call(&mut c, 0, 15);
+        let due = c.due_timers(0, 0, 10).unwrap();
+        assert_eq!(at(&due), vec![10]);
+        c.remove_timers(&due).unwrap();
+        c.keep_call();
+        let w = c.overlay.take();
+        c.db.commit(w.iter(), &[]).unwrap();
+        c.overlay.settle();
+        call(&mut c, 0, 15);
+        assert!(c.due_timers(0, 0, 10).unwrap().is_empty());
+        // Below the floor the last scan left.
+        c.schedule_timer(Clock::Event, 5, b"late", None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(at(&c.due_timers(0, 0, 10).unwrap()), vec![5]);
+        // Two scans in one call raise the floor past a removal the call then drops.
+        call(&mut c, 0, 25);
+        let due = c.due_timers(0, 0, 1).unwrap();
+        assert_eq!(at(&due), vec![5]);
+        c.remove_timers(&due).unwrap();
+        let due = c.due_timers(0, 0, 10).unwrap();
+        assert_eq!(at(&due), vec![20]);
+        c.drop_call();
+        call(&mut c, 0, 25);
+        assert_eq!(at(&c.due_timers(0, 0, 10).unwrap()), vec![5, 20]);
     }
 }
