@@ -1,6 +1,6 @@
 //! `baton test-plugin`: runs a component over records from a file, with no broker and no host
-//! process. State lives in memory (the batch overlay over an empty database in a temporary
-//! directory, never written to), time comes from the records: a slot's event time is its
+//! process. State lives in a database in a temporary directory, deleted at the end: each
+//! batch's writes go to it once the batch and its timers ran, as a host commits them. Time comes from the records: a slot's event time is its
 //! highest record timestamp, and processing time is the highest timestamp of the whole input.
 //! Records go to the guest in batches of one slot's consecutive records, as a host sends them;
 //! a batch that fails is retried one record at a time, and a record that still fails is
@@ -384,7 +384,7 @@ pub fn run(
     };
     let mut ctx = HostCtx::new(
         "local".into(),
-        db,
+        db.clone(),
         Arc::new(limits),
         256 << 20,
         Default::default(),
@@ -442,26 +442,35 @@ pub fn run(
         }
         inst = runner.process(inst, &msgs[i..j], &lines[i..j])?;
         inst = runner.fire(inst, slot, now)?;
+        commit(&mut inst, &db)?;
         i = j;
     }
     // Processing time is at the last record's: what fell due by then fires in every slot.
     for slot in 0..spec.slots {
         inst = runner.fire(inst, slot, now)?;
     }
+    commit(&mut inst, &db)?;
     let failed = runner.failed;
-    let writes = inst.ctx().overlay.take();
     let mut state = Vec::new();
-    for w in writes.iter() {
-        let Some(value) = w.value else { continue };
-        let Some(store) = spec.stores.get(w.store) else {
-            continue;
-        };
-        let (slot, key) = w.key.split_at(4);
-        let slot = u32::from_be_bytes(slot.try_into()?);
-        state.push(StateEntry::new(store, slot, key, value));
+    for (id, store) in spec.stores.iter().enumerate() {
+        // Keys are the slot (4 bytes, big-endian) and the processor's key.
+        for (k, value) in db.scan(id, b"", &[0xff; 5], usize::MAX)? {
+            let (slot, key) = k.split_at(4);
+            let slot = u32::from_be_bytes(slot.try_into()?);
+            state.push(StateEntry::new(store, slot, key, &value));
+        }
     }
     state.sort();
     Ok(Outcome { state, failed })
+}
+
+/// Writes what the calls so far kept to the database, as a host's commit does: reads and scans
+/// then go to it rather than through an ever larger batch overlay.
+fn commit(inst: &mut Instance, db: &crate::state::PartitionDb) -> anyhow::Result<()> {
+    let writes = inst.ctx().overlay.take();
+    db.commit(writes.iter(), &[])?;
+    inst.ctx().overlay.settle();
+    Ok(())
 }
 
 /// The differences between `got` and `want`, one line each (empty when they are the same).
