@@ -10,4 +10,6 @@ KAFKA_VERSION=${KAFKA_VERSION:-4.1.1}
 KAFKA_HOME=${KAFKA_HOME:-$BATON_CACHE/kafka-$KAFKA_VERSION}
 KAFKA_RUN=${KAFKA_RUN:-$BATON_CACHE/kafka-run}
 if [ -d "$HOME/.cargo/bin" ]; then PATH="$HOME/.cargo/bin:$PATH"; fi
+# Go's own installs put it here, outside the default PATH of non-login shells.
+if [ -d /usr/local/go/bin ] && ! command -v go >/dev/null 2>&1; then PATH="$PATH:/usr/local/go/bin"; fi
 say() { printf '[baton] %s\n' "$*" >&2; }

@@ -10,13 +10,63 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-/// The path of a plugin's component, built by this crate's build script: `plugins/NAME`, a
-/// Rust crate, or a Python module when NAME starts with `python-`.
+/// The path of a plugin's component: `plugins/NAME`, a Rust crate or a Python module (NAME
+/// starts with `python-`) built by this crate's build script, or a JavaScript, C or Go project
+/// (`js-`, `c-`, `go-`) built by `baton build`.
 pub fn plugin(name: &str) -> PathBuf {
     if name.starts_with("python-") {
         return Path::new(env!("BATON_PYTHON_PLUGIN_DIR")).join(format!("{name}.wasm"));
     }
+    if ["js-", "c-", "go-"].iter().any(|p| name.starts_with(p)) {
+        return built_plugin(name);
+    }
     Path::new(env!("BATON_PLUGIN_DIR")).join(format!("{}.wasm", name.replace('-', "_")))
+}
+
+/// A JavaScript, C or Go plugin (`plugins/<name>`), built by `baton build` the first time a test
+/// process asks for it (the build itself is skipped when the component is newer than its
+/// sources): these need the `baton` binary, which the tests' build script cannot run.
+fn built_plugin(name: &str) -> PathBuf {
+    type Once = Arc<std::sync::OnceLock<PathBuf>>;
+    static BUILT: std::sync::Mutex<BTreeMap<String, Once>> = std::sync::Mutex::new(BTreeMap::new());
+    let once = BUILT
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(name.to_string())
+        .or_default()
+        .clone();
+    once.get_or_init(|| build_plugin(name)).clone()
+}
+
+fn build_plugin(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../plugins")
+        .join(name);
+    let out = std::process::Command::new(baton_bin())
+        .arg("build")
+        .arg(&dir)
+        .output()
+        .unwrap_or_else(|e| panic!("running baton build for {name}: {e}"));
+    assert!(
+        out.status.success(),
+        "baton build {}: {}{}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = PathBuf::from(
+        String::from_utf8_lossy(&out.stdout)
+            .split('\t')
+            .next()
+            .unwrap_or_default()
+            .trim(),
+    );
+    assert!(
+        path.exists(),
+        "baton build {name} printed {}",
+        path.display()
+    );
+    path
 }
 
 /// A record timestamp for tests whose records go through Kafka: a day ago, rounded down to the

@@ -51,8 +51,14 @@ pub fn componentize(core: &[u8], wit: Option<&Path>) -> Result<Vec<u8>, String> 
         .select_world(&[pkg], Some("processor"))
         .map_err(|e| format!("the world `processor`: {e:#}"))?;
     let mut module = core.to_vec();
-    wit_component::embed_component_metadata(&mut module, &resolve, world, StringEncoding::UTF8, false)
-        .map_err(|e| format!("embedding the WIT: {e:#}"))?;
+    wit_component::embed_component_metadata(
+        &mut module,
+        &resolve,
+        world,
+        StringEncoding::UTF8,
+        false,
+    )
+    .map_err(|e| format!("embedding the WIT: {e:#}"))?;
     ComponentEncoder::default()
         .validate(true)
         .module(&module)

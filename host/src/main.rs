@@ -201,8 +201,7 @@ fn main() -> anyhow::Result<()> {
             let bytes = std::fs::read(&core).with_context(|| core.display().to_string())?;
             let component = baton::componentize::componentize(&bytes, wit.as_deref())
                 .map_err(|e| anyhow::anyhow!("{}: {e}", core.display()))?;
-            std::fs::write(&output, &component)
-                .with_context(|| output.display().to_string())?;
+            std::fs::write(&output, &component).with_context(|| output.display().to_string())?;
             return describe(&output);
         }
         Command::Build { dir } => {

@@ -46,12 +46,9 @@ pub fn new_project(lang: &str, dir: &Path, sdk: &Path) -> Result<Vec<PathBuf>, S
     match lang {
         "rust" => {}
         "python" => return write_files(dir, python_files(name, sdk)?),
-        "js" | "c" | "go" => {
-            return Err(format!(
-                "`--lang {lang}` is not available yet: this baton builds Rust and Python \
-                 processors (the SDKs of other languages are planned); use --lang rust or python"
-            ));
-        }
+        "go" => return write_files(dir, go_files(name, sdk)?),
+        "c" => return write_files(dir, c_files(name, sdk)?),
+        "js" => return write_files(dir, js_files(name, sdk)?),
         other => {
             return Err(format!(
                 "unknown language `{other}`; choose one of: {}",
@@ -126,12 +123,7 @@ fn report(timer: &Timer, ctx: &mut Context) -> Result<()> {
         records,
         state,
         ("test.sh", TEST_SCRIPT.to_string()),
-        (
-            "README.md",
-            format!(
-                "# {name}\n\nA baton processor.\n\n```sh\nbaton build                 # → the component's path, size and contract\n./test.sh                   # build, then run records.jsonl against state.jsonl\nbaton modules push <component> --name {name} --version 1   # deploy to a host\n```\n"
-            ),
-        ),
+        ("README.md", project_readme(name, "Rust")),
     ];
     write_files(dir, files)
 }
@@ -263,14 +255,209 @@ def report(timer, ctx):
         records,
         state,
         ("test.sh", TEST_SCRIPT.to_string()),
-        (
-            "README.md",
-            format!(
-                "# {name}\n\nA baton processor in Python.\n\n```sh\nbaton build                 # → the component's path, size and contract\n./test.sh                   # build, then run records.jsonl against state.jsonl\nbaton modules push <component> --name {name} --version 1   # deploy to a host\n```\n"
-            ),
-        ),
+        ("README.md", project_readme(name, "Python")),
     ])
 }
+
+/// The SDK of a language under baton's `guest-sdk` (`<sdk>/<sub>`), checked by a file it holds.
+fn lang_sdk(sdk: &Path, sub: &str, marker: &str, lang: &str) -> Result<PathBuf, String> {
+    let dir = sdk.join(sub).canonicalize().map_err(|e| {
+        format!(
+            "the {lang} SDK at {}/{sub}: {e}; pass --sdk PATH to baton's guest-sdk",
+            sdk.display()
+        )
+    })?;
+    if !dir.join(marker).exists() {
+        return Err(format!(
+            "no {lang} SDK at {} (no {marker}); pass --sdk PATH to baton's guest-sdk",
+            dir.display()
+        ));
+    }
+    Ok(dir)
+}
+
+/// The README of a new project.
+fn project_readme(name: &str, lang: &str) -> String {
+    format!(
+        "# {name}\n\nA baton processor in {lang}.\n\n```sh\nbaton build                 # → the component's path, size and contract\n./test.sh                   # build, then run records.jsonl against state.jsonl\nbaton modules push <component> --name {name} --version 1   # deploy to a host\n```\n"
+    )
+}
+
+/// A Go project: a `main` package on the Go SDK (`<sdk>/go`, module `baton/sdk`, through a
+/// `replace`), built for `wasip1` as a reactor.
+fn go_files(name: &str, sdk: &Path) -> Result<Vec<(&'static str, String)>, String> {
+    let go = lang_sdk(sdk, "go", "go.mod", "Go")?;
+    let [records, state] = samples();
+    Ok(vec![
+        (
+            "go.mod",
+            format!(
+                "module {name}\n\ngo 1.24\n\nrequire baton/sdk v0.0.0\n\nreplace baton/sdk => {}\n",
+                go.display()
+            ),
+        ),
+        (
+            "main.go",
+            r#"// A baton processor: counts records per key into the store `counts`, and sends each key's
+// count to the topic named by `config.output` (when set) once a minute of event time has
+// passed since its first record.
+package main
+
+import (
+	"strconv"
+
+	baton "baton/sdk"
+)
+
+func init() {
+	baton.Register(baton.Processor{Process: process, OnTimer: report})
+}
+
+func process(msg *baton.Message, ctx *baton.Context) error {
+	if msg.Key == nil {
+		return nil
+	}
+	n, err := ctx.Increment("counts", msg.Key, 1)
+	if err != nil {
+		return err
+	}
+	if n == 1 {
+		return ctx.Schedule(baton.EventTime, msg.Timestamp+60_000, msg.Key, nil)
+	}
+	return nil
+}
+
+func report(timer *baton.Timer, ctx *baton.Context) error {
+	output, ok := ctx.Config().Get("output")
+	if !ok {
+		return nil
+	}
+	n, err := ctx.Counter("counts", timer.Key)
+	if err != nil {
+		return err
+	}
+	return ctx.Send(output, timer.Key, []byte(strconv.FormatInt(n, 10)))
+}
+
+func main() {}
+"#
+            .to_string(),
+        ),
+        records,
+        state,
+        ("test.sh", TEST_SCRIPT.to_string()),
+        ("README.md", project_readme(name, "Go")),
+    ])
+}
+
+/// A C project: `processor.c` on the C SDK (`<sdk>/c`), built by a `Makefile` that includes the
+/// SDK's `baton.mk`.
+fn c_files(name: &str, sdk: &Path) -> Result<Vec<(&'static str, String)>, String> {
+    let c = lang_sdk(sdk, "c", "baton.mk", "C")?;
+    let [records, state] = samples();
+    Ok(vec![
+        (
+            "Makefile",
+            format!(
+                "# `make` (or `baton build`) builds target/{name}.wasm with the C SDK's rules.\nSDK = {}\ninclude $(SDK)/baton.mk\n",
+                c.display()
+            ),
+        ),
+        ("processor.c", C_TEMPLATE.to_string()),
+        records,
+        state,
+        ("test.sh", TEST_SCRIPT.to_string()),
+        ("README.md", project_readme(name, "C")),
+    ])
+}
+
+/// A JavaScript project: `processor.js` on the JavaScript SDK (`<sdk>/js`), named with the SDK
+/// and the WIT in `package.json`'s `baton` field.
+fn js_files(name: &str, sdk: &Path) -> Result<Vec<(&'static str, String)>, String> {
+    let js = lang_sdk(sdk, "js", "build.mjs", "JavaScript")?;
+    let wit = sdk
+        .join("../wit")
+        .canonicalize()
+        .map_err(|e| format!("the WIT next to the SDK ({}/../wit): {e}", sdk.display()))?;
+    let package = serde_json::json!({
+        "name": name,
+        "version": "0.1.0",
+        "private": true,
+        "type": "module",
+        "main": "processor.js",
+        "dependencies": {"baton-sdk": format!("file:{}", js.display())},
+        "baton": {"entry": "processor.js", "sdk": js.display().to_string(), "wit": wit.display().to_string()},
+    });
+    let [records, state] = samples();
+    Ok(vec![
+        (
+            "package.json",
+            serde_json::to_string_pretty(&package).map_err(|e| e.to_string())? + "\n",
+        ),
+        ("processor.js", JS_TEMPLATE.to_string()),
+        records,
+        state,
+        ("test.sh", TEST_SCRIPT.to_string()),
+        ("README.md", project_readme(name, "JavaScript")),
+    ])
+}
+
+/// The C template's processor (`baton new --lang c`).
+const C_TEMPLATE: &str = r#"/*
+ * A baton processor: counts records per key into the store `counts`, and sends each key's
+ * count to the topic named by `config.output` (when set) once a minute of event time has
+ * passed since its first record.
+ */
+#include <stdio.h>
+
+#include "baton.h"
+
+static baton_status process(const baton_message *msg, baton_ctx *ctx) {
+    if (!baton_some(msg->key)) return BATON_OK;
+    int64_t n;
+    BATON_TRY(baton_increment(ctx, "counts", msg->key, 1, &n));
+    if (n == 1) {
+        return baton_schedule(ctx, BATON_EVENT_TIME, msg->timestamp + 60000, msg->key,
+                              BATON_NONE);
+    }
+    return BATON_OK;
+}
+
+static baton_status report(const baton_timer *timer, baton_ctx *ctx) {
+    const char *output = baton_config_get(baton_config_of(ctx), "output");
+    if (output == NULL) return BATON_OK;
+    int64_t n;
+    BATON_TRY(baton_counter(ctx, "counts", timer->key, &n));
+    char text[24];
+    snprintf(text, sizeof text, "%lld", (long long)n);
+    return baton_send(ctx, output, timer->key, baton_str(text));
+}
+
+BATON_PROCESSOR(process, .on_timer = report);
+"#;
+
+/// The JavaScript template's processor (`baton new --lang js`).
+const JS_TEMPLATE: &str = r#"// A baton processor: counts records per key into the store `counts`, and sends each key's
+// count to the topic named by `config.output` (when set) once a minute of event time has
+// passed since its first record.
+import { processor } from "baton-sdk";
+
+export const handler = processor({
+  process(msg, ctx) {
+    if (msg.key === null) return;
+    if (ctx.increment("counts", msg.key, 1) === 1) {
+      ctx.schedule(msg.timestamp + 60_000, msg.key);
+    }
+  },
+
+  onTimer(timer, ctx) {
+    const output = ctx.config.get("output");
+    if (output !== null) {
+      ctx.send(output, timer.key, String(ctx.counter("counts", timer.key)));
+    }
+  },
+});
+"#;
 
 /// componentize-py: `$BATON_COMPONENTIZE_PY`, else the one `scripts/setup` installs
 /// (`$BATON_CACHE/py`, `~/.cache/baton/py`), else the one on `PATH`.
@@ -376,26 +563,30 @@ fn build_python(dir: &Path) -> Result<PathBuf, String> {
     Ok(out)
 }
 
-/// Builds the project in `dir` and returns its component's path.
+/// Builds the project in `dir` and returns its component's path: a Rust crate (`Cargo.toml`),
+/// Python (`pyproject.toml` with `[tool.baton]`), JavaScript (`package.json` with a `baton`
+/// field), Go (`go.mod`) or C (a `Makefile` on the C SDK's `baton.mk`).
 pub fn build(dir: &Path) -> Result<PathBuf, String> {
+    let abs = dir
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let dir = abs.as_path();
     if dir.join("pyproject.toml").exists() {
         return build_python(dir);
     }
+    if dir.join("package.json").exists() {
+        return build_js(dir);
+    }
+    if dir.join("go.mod").exists() {
+        return build_go(dir);
+    }
+    if dir.join("Makefile").exists() && !dir.join("Cargo.toml").exists() {
+        return build_c(dir);
+    }
     if !dir.join("Cargo.toml").exists() {
-        for (file, what) in [
-            ("package.json", "JavaScript"),
-            ("go.mod", "Go"),
-            ("Makefile", "C"),
-        ] {
-            if dir.join(file).exists() {
-                return Err(format!(
-                    "{} looks like a {what} project: this baton builds Rust and Python processors",
-                    dir.display()
-                ));
-            }
-        }
         return Err(format!(
-            "{}: no Cargo.toml, so nothing to build",
+            "{}: nothing to build (no Cargo.toml, pyproject.toml, package.json, go.mod or \
+             Makefile); make a project with `baton new --lang rust|js|python|c|go NAME`",
             dir.display()
         ));
     }
@@ -445,4 +636,131 @@ pub fn build(dir: &Path) -> Result<PathBuf, String> {
         ));
     }
     Ok(wasm)
+}
+
+/// The name of the project in `dir` (a canonical path): its directory's name.
+fn dir_name(dir: &Path) -> Result<String, String> {
+    dir.file_name()
+        .and_then(|n| n.to_str())
+        .map(str::to_string)
+        .ok_or_else(|| format!("{}: no name", dir.display()))
+}
+
+/// Runs `cmd`; on failure, an error with what it printed.
+fn run(mut cmd: Command, what: &str, hint: &str) -> Result<(), String> {
+    let output = cmd
+        .output()
+        .map_err(|e| format!("running {what}: {e}; {hint}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "{what} failed ({}):\n{}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    Ok(())
+}
+
+/// Builds a JavaScript project: `package.json` names the processor's module and where the SDK
+/// and the WIT are (`"baton": {"entry", "sdk", "wit"}`); the SDK's `build.mjs` bundles it and
+/// runs componentize-js into `target/<name>.wasm`. Skipped when that is newer than the
+/// project, the SDK and the WIT.
+fn build_js(dir: &Path) -> Result<PathBuf, String> {
+    let text = std::fs::read_to_string(dir.join("package.json"))
+        .map_err(|e| format!("{}/package.json: {e}", dir.display()))?;
+    let doc: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}/package.json: {e}", dir.display()))?;
+    let name = doc["name"]
+        .as_str()
+        .ok_or("package.json has no `name`")?
+        .to_string();
+    check_name(&name)?;
+    let field = |k: &str| -> Result<String, String> {
+        doc["baton"][k].as_str().map(str::to_string).ok_or(format!(
+            "package.json has no `baton.{k}` (entry, sdk, wit): make one with `baton new --lang js`"
+        ))
+    };
+    let (entry, sdk, wit) = (field("entry")?, field("sdk")?, field("wit")?);
+    let (sdk, wit) = (dir.join(sdk), dir.join(wit));
+    let out = dir.join("target").join(format!("{name}.wasm"));
+    if fresh(&out, &[dir, &sdk, &wit]) {
+        return Ok(out);
+    }
+    std::fs::create_dir_all(dir.join("target")).map_err(|e| e.to_string())?;
+    let mut cmd = Command::new("node");
+    cmd.arg(sdk.join("build.mjs"))
+        .arg("--entry")
+        .arg(dir.join(entry))
+        .arg("--wit")
+        .arg(&wit)
+        .arg("--out")
+        .arg(&out)
+        .current_dir(dir);
+    run(
+        cmd,
+        "the JavaScript build (node build.mjs)",
+        "install Node.js 18 or newer (scripts/setup checks it)",
+    )
+    .inspect_err(|_| {
+        let _ = std::fs::remove_file(&out);
+    })?;
+    Ok(out)
+}
+
+/// Builds a Go project (`go.mod`, a `main` package on the Go SDK) with the standard toolchain
+/// for `wasip1` as a reactor (`-buildmode=c-shared`), then makes the core module a component
+/// with the contract's WIT: `target/<name>.wasm`.
+fn build_go(dir: &Path) -> Result<PathBuf, String> {
+    let name = dir_name(dir)?;
+    let target = dir.join("target");
+    std::fs::create_dir_all(&target).map_err(|e| format!("{}: {e}", target.display()))?;
+    let core = target.join(format!("{name}.core.wasm"));
+    let mut cmd = Command::new("go");
+    cmd.args(["build", "-buildmode=c-shared", "-o"])
+        .arg(&core)
+        .arg(".")
+        .env("GOOS", "wasip1")
+        .env("GOARCH", "wasm")
+        .current_dir(dir);
+    run(
+        cmd,
+        "go build",
+        "install Go 1.24 or newer (GOOS=wasip1 with go:wasmexport)",
+    )?;
+    componentize_file(&core, &target.join(format!("{name}.wasm")))
+}
+
+/// Builds a C project with `make` (its `Makefile` includes the C SDK's `baton.mk`, which
+/// compiles for wasm32-wasi with clang and makes the component with `baton componentize`):
+/// `target/<name>.wasm`.
+fn build_c(dir: &Path) -> Result<PathBuf, String> {
+    let name = dir_name(dir)?;
+    let mut cmd = Command::new("make");
+    cmd.arg("-C").arg(dir);
+    if let Ok(exe) = std::env::current_exe() {
+        cmd.arg(format!("BATON={}", exe.display()));
+    }
+    run(
+        cmd,
+        "make",
+        "install make, clang, lld and wasi-libc (scripts/setup does)",
+    )?;
+    let out = dir.join("target").join(format!("{name}.wasm"));
+    if !out.exists() {
+        return Err(format!(
+            "make succeeded but made no {}: does the Makefile include the C SDK's baton.mk?",
+            out.display()
+        ));
+    }
+    Ok(out)
+}
+
+/// `core` made into a component at `out`.
+fn componentize_file(core: &Path, out: &Path) -> Result<PathBuf, String> {
+    let bytes = std::fs::read(core).map_err(|e| format!("{}: {e}", core.display()))?;
+    let component = crate::componentize::componentize(&bytes, None)
+        .map_err(|e| format!("{}: {e}", core.display()))?;
+    std::fs::write(out, component).map_err(|e| format!("{}: {e}", out.display()))?;
+    Ok(out.to_path_buf())
 }

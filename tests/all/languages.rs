@@ -1,6 +1,6 @@
-//! Processors in other languages: the Python versions of word-count and windowed-count (the
-//! Python SDK, built with componentize-py) leave byte-identical state and outputs to the Rust
-//! versions on the same input, run by `baton test-plugin`.
+//! Processors in other languages: the Python, JavaScript, C and Go versions of word-count and
+//! windowed-count (each language's SDK and toolchain) leave byte-identical state and outputs to
+//! the Rust versions on the same input, run by `baton test-plugin`.
 
 use std::process::Command;
 
@@ -53,18 +53,18 @@ fn input(dir: &std::path::Path, n: usize, seed: u64) -> anyhow::Result<String> {
     Ok(path.to_string_lossy().into_owned())
 }
 
-#[test]
-fn python_processors_leave_the_same_state_and_outputs_as_rust_ones() -> anyhow::Result<()> {
+/// `<lang>-word-count` and `<lang>-windowed-count` against the Rust ones, on an input of its own.
+fn same_as_rust(lang: &str) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let seed = baton_tests::test_seed("languages");
+    let seed = baton_tests::test_seed(&format!("languages-{lang}"));
     let records = input(dir.path(), 4_000, seed)?;
 
     let args = ["--input", &records, "--slots", "4", "--store", "counts"];
     let rust = run("word-count", &args)?;
-    let python = run("python-word-count", &args)?;
+    let other = run(&format!("{lang}-word-count"), &args)?;
     let state = rust.iter().filter(|l| l.get("state").is_some()).count();
     assert!(state > 100, "word-count left {state} entries");
-    assert_eq!(python, rust, "word-count: Python and Rust differ");
+    assert_eq!(other, rust, "word-count: {lang} and Rust differ");
 
     let args = [
         "--input",
@@ -83,7 +83,7 @@ fn python_processors_leave_the_same_state_and_outputs_as_rust_ones() -> anyhow::
         "late=late-out",
     ];
     let rust = run("windowed-count", &args)?;
-    let python = run("python-windowed-count", &args)?;
+    let other = run(&format!("{lang}-windowed-count"), &args)?;
     let topic = |t: &str| rust.iter().filter(|l| l["output"]["topic"] == t).count();
     assert!(
         topic("counts-out") > 100 && topic("late-out") > 10,
@@ -91,8 +91,28 @@ fn python_processors_leave_the_same_state_and_outputs_as_rust_ones() -> anyhow::
         topic("counts-out"),
         topic("late-out")
     );
-    assert_eq!(python, rust, "windowed-count: Python and Rust differ");
+    assert_eq!(other, rust, "windowed-count: {lang} and Rust differ");
     Ok(())
+}
+
+#[test]
+fn python_processors_leave_the_same_state_and_outputs_as_rust_ones() -> anyhow::Result<()> {
+    same_as_rust("python")
+}
+
+#[test]
+fn javascript_processors_leave_the_same_state_and_outputs_as_rust_ones() -> anyhow::Result<()> {
+    same_as_rust("js")
+}
+
+#[test]
+fn c_processors_leave_the_same_state_and_outputs_as_rust_ones() -> anyhow::Result<()> {
+    same_as_rust("c")
+}
+
+#[test]
+fn go_processors_leave_the_same_state_and_outputs_as_rust_ones() -> anyhow::Result<()> {
+    same_as_rust("go")
 }
 
 /// `baton_module_compiles_total` of a host.

@@ -25,11 +25,35 @@ fn sh_blocks(doc: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_quick_start() -> anyhow::Result<()> {
+    quick_start("python", "python").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn javascript_quick_start() -> anyhow::Result<()> {
+    quick_start("js", "js").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c_quick_start() -> anyhow::Result<()> {
+    quick_start("c", "c").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn go_quick_start() -> anyhow::Result<()> {
+    quick_start("go", "go").await
+}
+
+/// Runs `docs/quickstart-<doc>.md`: a processor `greeter` made with `baton new --lang <lang>`,
+/// built, tested locally, deployed, fed, changed to count 10 per record and hot-swapped.
+async fn quick_start(doc: &str, lang: &str) -> anyhow::Result<()> {
     let doc = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/quickstart-python.md"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../docs/quickstart-{doc}.md")),
     )?;
     let script = sh_blocks(&doc);
-    assert!(script.contains("baton new --lang python"), "{script}");
+    assert!(
+        script.contains(&format!("baton new --lang {lang} greeter")),
+        "{script}"
+    );
     let host_dir = tempfile::tempdir()?;
     let host = ChildHost::start(host_dir.path(), &[]).await?;
     let work = tempfile::tempdir()?;

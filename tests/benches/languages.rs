@@ -1,5 +1,5 @@
-//! What a processor costs in each language: word-count built from Rust and from Python (the
-//! SDKs' examples), against the same logic in native Rust over the same state layer. For each:
+//! What a processor costs in each language: word-count built from Rust, C, Go, JavaScript and
+//! Python (the SDKs' examples), against the same logic in native Rust over the same state layer. For each:
 //! the per-record cost of `process` with batches of 100 records, the component's size, the
 //! time to compile it to native code (once, at upload) and to instantiate it (at every
 //! partition start).
@@ -71,7 +71,13 @@ fn main() {
     });
 
     let mut rows = vec![format!("| native Rust | — | — | — | {native:.0} | 1.00 |")];
-    for (lang, plugin) in [("Rust", "word-count"), ("Python", "python-word-count")] {
+    for (lang, plugin) in [
+        ("Rust", "word-count"),
+        ("C", "c-word-count"),
+        ("Go", "go-word-count"),
+        ("JavaScript", "js-word-count"),
+        ("Python", "python-word-count"),
+    ] {
         let bytes = baton_tests::plugin_bytes(plugin);
         let cache = dir.path().join(format!("compiled-{plugin}"));
         let runtime = Runtime::new(cache).unwrap();

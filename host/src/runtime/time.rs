@@ -137,9 +137,9 @@ impl HostCtx {
                     k.get(6..14).and_then(unsortable),
                 )
                 && (tag == TIMER || tag == BY_TIME)
-                && let Some(floor) = self
-                    .time_floor
-                    .get_mut(&(u32::from_be_bytes(slot), tag, clock))
+                && let Some(floor) =
+                    self.time_floor
+                        .get_mut(&(u32::from_be_bytes(slot), tag, clock))
             {
                 *floor = (*floor).min(at);
             }
