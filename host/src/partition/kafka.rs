@@ -357,14 +357,24 @@ impl PartitionIo for KafkaIo {
         // The inputs' ends, asked before the consumer fetches (after, a question waits behind
         // its long poll): the lag is known at once, and the consumer learns the partitions'
         // leaders now, so its first fetch goes out as soon as it is assigned.
-        for (topic, slot, _) in &assign {
+        let mut waiting = Vec::with_capacity(assign.len());
+        for (topic, slot, next) in &assign {
+            let mut lag = 0;
             if let Some(ti) = self.sources.topics.iter().position(|t| t == topic)
                 && let Ok((_, hi)) = self.consumer.watermarks(topic, *slot)
             {
                 self.ends.insert((ti, *slot), (hi, Instant::now()));
+                lag = hi.saturating_sub(*next);
             }
+            waiting.push(lag > 0);
         }
-        self.consumer.assign(&assign)?;
+        // Those with records waiting first: the first fetch then returns at once with records
+        // (see `InputConsumer::assign`).
+        let mut order: Vec<usize> = (0..assign.len()).collect();
+        order.sort_by_key(|&i| !waiting[i]);
+        let first = waiting.iter().filter(|w| **w).count();
+        let ordered: Vec<(String, u32, u64)> = order.iter().map(|&i| assign[i].clone()).collect();
+        self.consumer.assign(&ordered, first)?;
         // RocksDB's input offsets follow the group's from here on, even for a batch that
         // commits no state: were the group's offsets to expire later, RocksDB's are current.
         let mut meta = Vec::new();

@@ -64,7 +64,7 @@ impl Tail {
                 assign.push((topic.clone(), slot, start));
             }
         }
-        reader.assign(&assign)?;
+        reader.assign(&assign, assign.len())?;
         Ok(Tail {
             reader,
             ends,

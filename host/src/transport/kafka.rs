@@ -532,11 +532,15 @@ pub struct KafkaTransport {
 /// - A full queue postpones the next fetch by 10 ms, not librdkafka's default of 1 s: a partition
 ///   that processes a little slower than it fetches otherwise drains its queue, then idles
 ///   until the second is over.
+/// - A fetch that failed (a leader that moved, a fetch session the broker dropped) is retried
+///   after 20 ms, not 500: a move's new owner and its changelog reader are new consumers, and a
+///   hiccup of their first fetches was the tail of the handoff pause.
 pub const FETCH_SETTINGS: &[(&str, &str)] = &[
     ("fetch.message.max.bytes", "4194304"),
     ("queued.max.messages.kbytes", "32768"),
     ("fetch.queue.backoff.ms", "10"),
     ("fetch.wait.max.ms", "50"),
+    ("fetch.error.backoff.ms", "20"),
 ];
 
 /// Consumer defaults: manual offsets, committed reads only; with [`FETCH_SETTINGS`].
@@ -1011,24 +1015,39 @@ impl InputConsumer {
 
     /// Assigns these topic partitions at these offsets: once per consumer (a session makes a
     /// new one).
-    pub fn assign(&self, at: &[(String, u32, u64)]) -> Result<(), TransportError> {
+    ///
+    /// The first `first` entries are assigned on their own, then the rest: librdkafka sends one
+    /// fetch at a time per broker, and a topic partition that joins while a fetch is in flight
+    /// waits for it. A fetch of partitions with nothing to read waits out `fetch.wait.max.ms`
+    /// at the broker, so the caller puts those with records waiting first: the first fetch
+    /// returns at once with records.
+    pub fn assign(&self, at: &[(String, u32, u64)], first: usize) -> Result<(), TransportError> {
         if self.assigned.swap(true, Ordering::AcqRel) {
             return Err(kerr(
                 "assign",
                 "an input consumer is assigned once; make a new one",
             ));
         }
-        let mut tpl = TopicPartitionList::new();
         for (t, p, _) in at {
             self.records
                 .forward(&self.consumer, t, *p)
                 .map_err(|e| kerr("assign", e))?;
         }
-        for (t, p, o) in at {
-            tpl.add_partition_offset(t, *p as i32, Offset::Offset(*o as i64))
+        let (head, tail) = at.split_at(first.min(at.len()));
+        for part in [head, tail] {
+            if part.is_empty() {
+                continue;
+            }
+            let mut tpl = TopicPartitionList::new();
+            for (t, p, o) in part {
+                tpl.add_partition_offset(t, *p as i32, Offset::Offset(*o as i64))
+                    .map_err(|e| kerr("assign", e))?;
+            }
+            self.consumer
+                .incremental_assign(&tpl)
                 .map_err(|e| kerr("assign", e))?;
         }
-        self.consumer.assign(&tpl).map_err(|e| kerr("assign", e))
+        Ok(())
     }
 
     /// Up to `max` records, grouped by topic partition: those already fetched, at once; when
