@@ -3,8 +3,9 @@ package baton
 import (
 	"encoding/binary"
 	"encoding/json"
-	"math"
 	"strconv"
+
+	"baton/sdk/internal/sat"
 )
 
 // span is a run of a batched call's data, laid out as the contract's `span` record (start,
@@ -159,12 +160,12 @@ func (c *Context) Set(store string, key, value []byte) error {
 
 // SetWithTTL sets key to value, to expire ttlMs after the record's timestamp (in event time).
 func (c *Context) SetWithTTL(store string, key, value []byte, ttlMs int64) error {
-	return c.SetWithExpiry(store, key, value, &Expiry{EventTime, satAdd(c.timestamp, ttlMs)})
+	return c.SetWithExpiry(store, key, value, &Expiry{EventTime, sat.Add(c.timestamp, ttlMs)})
 }
 
 // SetWithProcessingTTL sets key to value, to expire ttlMs from now on the host's wall clock.
 func (c *Context) SetWithProcessingTTL(store string, key, value []byte, ttlMs int64) error {
-	return c.SetWithExpiry(store, key, value, &Expiry{ProcessingTime, satAdd(c.ProcessingTime(), ttlMs)})
+	return c.SetWithExpiry(store, key, value, &Expiry{ProcessingTime, sat.Add(c.ProcessingTime(), ttlMs)})
 }
 
 // SetWithExpiry sets key to value, to expire at expiry (nil: never). Buffered.
@@ -363,15 +364,4 @@ func (c *Context) discard() {
 	}
 	c.out.discard()
 	clear(c.scheduled)
-}
-
-func satAdd(a, b int64) int64 {
-	s := a + b
-	if a > 0 && b > 0 && s < 0 {
-		return math.MaxInt64
-	}
-	if a < 0 && b < 0 && s >= 0 {
-		return math.MinInt64
-	}
-	return s
 }

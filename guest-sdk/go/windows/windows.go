@@ -24,6 +24,7 @@ import (
 	"math"
 
 	baton "baton/sdk"
+	"baton/sdk/internal/sat"
 )
 
 // Sortable is at as 8 bytes that sort as the number.
@@ -41,17 +42,6 @@ func Unsortable(b []byte) (int64, bool) {
 	return int64(binary.BigEndian.Uint64(b) ^ (1 << 63)), true
 }
 
-func satAdd(a, b int64) int64 {
-	s := a + b
-	if a > 0 && b > 0 && s < 0 {
-		return math.MaxInt64
-	}
-	if a < 0 && b < 0 && s >= 0 {
-		return math.MinInt64
-	}
-	return s
-}
-
 func satSub(a, b int64) int64 {
 	if b == math.MinInt64 {
 		if a >= 0 {
@@ -59,7 +49,7 @@ func satSub(a, b int64) int64 {
 		}
 		return a - b
 	}
-	return satAdd(a, -b)
+	return sat.Add(a, -b)
 }
 
 // floorDiv is a divided by b > 0, rounded down (Rust's div_euclid for a positive divisor).
@@ -140,7 +130,7 @@ func (w Windows) Starts(ts int64) []int64 {
 
 // Closes is when the window starting at start closes.
 func (w Windows) Closes(start int64) int64 {
-	return satAdd(satAdd(start, w.size), w.grace)
+	return sat.Add(sat.Add(start, w.size), w.grace)
 }
 
 func (w Windows) timerKey(start int64) []byte {
@@ -242,13 +232,13 @@ func (s Sessions) WithGrace(graceMs int64) Sessions {
 
 // Closes is when a session whose last record is at end closes.
 func (s Sessions) Closes(end int64) int64 {
-	return satAdd(satAdd(end, s.gap), s.grace)
+	return sat.Add(sat.Add(end, s.gap), s.grace)
 }
 
 // Joins reports whether a record at ts joins the session [start, end], open at event time
 // now.
 func (s Sessions) Joins(start, end, ts, now int64) bool {
-	return ts > satSub(start, s.gap) && ts < satAdd(end, s.gap) && now < s.Closes(end)
+	return ts > satSub(start, s.gap) && ts < sat.Add(end, s.gap) && now < s.Closes(end)
 }
 
 func sessionPrefix(key []byte) []byte {
