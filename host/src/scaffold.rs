@@ -45,10 +45,10 @@ pub fn new_project(lang: &str, dir: &Path, sdk: &Path) -> Result<Vec<PathBuf>, S
     }
     match lang {
         "rust" => {}
-        "python" => return write_files(dir, python_files(name, sdk)?),
-        "go" => return write_files(dir, go_files(name, sdk)?),
-        "c" => return write_files(dir, c_files(name, sdk)?),
-        "js" => return write_files(dir, js_files(name, sdk)?),
+        "python" => return write_files(dir, name, "Python", python_files(name, sdk)?),
+        "go" => return write_files(dir, name, "Go", go_files(name, sdk)?),
+        "c" => return write_files(dir, name, "C", c_files(name, sdk)?),
+        "js" => return write_files(dir, name, "JavaScript", js_files(name, sdk)?),
         other => {
             return Err(format!(
                 "unknown language `{other}`; choose one of: {}",
@@ -65,7 +65,6 @@ pub fn new_project(lang: &str, dir: &Path, sdk: &Path) -> Result<Vec<PathBuf>, S
             sdk.display()
         ));
     }
-    let [records, state] = samples();
     let files: Vec<(&str, String)> = vec![
         (
             "Cargo.toml",
@@ -120,18 +119,27 @@ fn report(timer: &Timer, ctx: &mut Context) -> Result<()> {
 "#
             .to_string(),
         ),
+    ];
+    write_files(dir, name, "Rust", files)
+}
+
+/// Writes a new project's files, with those every template gets (a sample input, the state it
+/// must leave, `test.sh`, executable, and a README); returns their paths.
+fn write_files(
+    dir: &Path,
+    name: &str,
+    lang: &str,
+    files: Vec<(&str, String)>,
+) -> Result<Vec<PathBuf>, String> {
+    let [records, state] = samples();
+    let common = [
         records,
         state,
         ("test.sh", TEST_SCRIPT.to_string()),
-        ("README.md", project_readme(name, "Rust")),
+        ("README.md", project_readme(name, lang)),
     ];
-    write_files(dir, files)
-}
-
-/// Writes a new project's files (`test.sh` executable); returns their paths.
-fn write_files(dir: &Path, files: Vec<(&str, String)>) -> Result<Vec<PathBuf>, String> {
     let mut written = Vec::new();
-    for (rel, text) in files {
+    for (rel, text) in files.into_iter().chain(common) {
         let path = dir.join(rel);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
@@ -204,7 +212,6 @@ fn python_files(name: &str, sdk: &Path) -> Result<Vec<(&'static str, String)>, S
         .join("../wit")
         .canonicalize()
         .map_err(|e| format!("the WIT next to the SDK ({}/../wit): {e}", sdk.display()))?;
-    let [records, state] = samples();
     Ok(vec![
         (
             "pyproject.toml",
@@ -252,10 +259,6 @@ def report(timer, ctx):
 "#
             .to_string(),
         ),
-        records,
-        state,
-        ("test.sh", TEST_SCRIPT.to_string()),
-        ("README.md", project_readme(name, "Python")),
     ])
 }
 
@@ -287,7 +290,6 @@ fn project_readme(name: &str, lang: &str) -> String {
 /// `replace`), built for `wasip1` as a reactor.
 fn go_files(name: &str, sdk: &Path) -> Result<Vec<(&'static str, String)>, String> {
     let go = lang_sdk(sdk, "go", "go.mod", "Go")?;
-    let [records, state] = samples();
     Ok(vec![
         (
             "go.mod",
@@ -343,10 +345,6 @@ func main() {}
 "#
             .to_string(),
         ),
-        records,
-        state,
-        ("test.sh", TEST_SCRIPT.to_string()),
-        ("README.md", project_readme(name, "Go")),
     ])
 }
 
@@ -354,7 +352,6 @@ func main() {}
 /// SDK's `baton.mk`.
 fn c_files(name: &str, sdk: &Path) -> Result<Vec<(&'static str, String)>, String> {
     let c = lang_sdk(sdk, "c", "baton.mk", "C")?;
-    let [records, state] = samples();
     Ok(vec![
         (
             "Makefile",
@@ -364,10 +361,6 @@ fn c_files(name: &str, sdk: &Path) -> Result<Vec<(&'static str, String)>, String
             ),
         ),
         ("processor.c", C_TEMPLATE.to_string()),
-        records,
-        state,
-        ("test.sh", TEST_SCRIPT.to_string()),
-        ("README.md", project_readme(name, "C")),
     ])
 }
 
@@ -388,17 +381,12 @@ fn js_files(name: &str, sdk: &Path) -> Result<Vec<(&'static str, String)>, Strin
         "dependencies": {"baton-sdk": format!("file:{}", js.display())},
         "baton": {"entry": "processor.js", "sdk": js.display().to_string(), "wit": wit.display().to_string()},
     });
-    let [records, state] = samples();
     Ok(vec![
         (
             "package.json",
             serde_json::to_string_pretty(&package).map_err(|e| e.to_string())? + "\n",
         ),
         ("processor.js", JS_TEMPLATE.to_string()),
-        records,
-        state,
-        ("test.sh", TEST_SCRIPT.to_string()),
-        ("README.md", project_readme(name, "JavaScript")),
     ])
 }
 
