@@ -29,13 +29,6 @@ async fn show(State(baton): State<AppState>) -> Json<Value> {
             "replay": baton.control_replay(),
             "snapshot_every": baton.config().control_snapshot_every,
         },
-        "state_memory": {
-            "bound": env.memory(),
-            "block_cache_usage": env.cache_usage(),
-            "block_cache_pinned": env.cache_pinned(),
-            "memtable_usage": env.memtable_usage(),
-            "hot_cache_usage": env.hot_usage(),
-            "block_cache": env.cache_stats(),
-        },
+        "state_memory": env.report(),
     }))
 }

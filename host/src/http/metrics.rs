@@ -220,20 +220,63 @@ fn text(baton: &crate::Baton) -> String {
         pauses.len()
     );
     let env = baton.state_env();
-    let stats = env.cache_stats();
+    let mem = env.report();
+    let stats = mem.block_cache;
     let (compiles, compile_s) = baton.runtime.compiles();
     for (name, kind, help, v) in [
         (
             "baton_block_cache_usage_bytes",
             "gauge",
             "Bytes in the shared RocksDB block cache (memtable reservations included).",
-            env.cache_usage() as f64,
+            mem.block_cache_usage as f64,
         ),
         (
             "baton_block_cache_capacity_bytes",
             "gauge",
             "The --state-memory bound.",
-            env.memory() as f64,
+            mem.bound as f64,
+        ),
+        (
+            "baton_block_cache_pinned_bytes",
+            "gauge",
+            "Bytes of the block cache pinned by readers and pinned metadata.",
+            mem.block_cache_pinned as f64,
+        ),
+        (
+            "baton_memtable_bytes",
+            "gauge",
+            "Bytes of RocksDB memtables over every partition of the host.",
+            mem.memtable_usage as f64,
+        ),
+        (
+            "baton_hot_cache_bytes",
+            "gauge",
+            "Bytes of the partitions' hot-key caches.",
+            mem.hot_cache_usage as f64,
+        ),
+        (
+            "baton_index_filter_bytes",
+            "gauge",
+            "Bytes of index and filter blocks in the block cache.",
+            mem.index_filter_bytes as f64,
+        ),
+        (
+            "baton_table_readers_bytes",
+            "gauge",
+            "Bytes of RocksDB table readers outside the block cache.",
+            mem.table_readers_bytes as f64,
+        ),
+        (
+            "baton_pending_compaction_bytes",
+            "gauge",
+            "Compaction debt: bytes RocksDB estimates it must rewrite, over every partition.",
+            mem.pending_compaction_bytes as f64,
+        ),
+        (
+            "baton_write_stall_seconds_total",
+            "counter",
+            "Seconds RocksDB stalled or slowed writes.",
+            mem.write_stall_micros as f64 / 1e6,
         ),
         (
             "baton_block_cache_hits_total",
@@ -246,6 +289,18 @@ fn text(baton: &crate::Baton) -> String {
             "counter",
             "Block reads that went to disk.",
             stats.misses as f64,
+        ),
+        (
+            "baton_block_cache_index_misses_total",
+            "counter",
+            "Index block reads that went to disk.",
+            stats.index_misses as f64,
+        ),
+        (
+            "baton_block_cache_filter_misses_total",
+            "counter",
+            "Filter block reads that went to disk.",
+            stats.filter_misses as f64,
         ),
         (
             "baton_module_compiles_total",
