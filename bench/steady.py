@@ -22,25 +22,25 @@ Run by bench/run (which starts the broker and builds what is needed); prints Mar
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-BOOT = os.environ.get("BATON_KAFKA", "127.0.0.1:9092")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import BOOT, Committed, cpu_secs, http, start_baton, stop  # noqa: E402
+from benchlib import say as say_as  # noqa: E402
+
 N = int(os.environ.get("BATON_STEADY_RECORDS", "48000000").replace("_", ""))
 ROUNDS = int(os.environ.get("BATON_STEADY_ROUNDS", "3"))
 # baton's commit_interval_ms (its default when unset), to measure throughput across intervals.
 COMMIT_INTERVAL = os.environ.get("BATON_STEADY_COMMIT_INTERVAL_MS")
 SLOTS = 8
 KEYS = 20_000
-TICK = os.sysconf("SC_CLK_TCK")
 BATON_BIN = os.environ["BATON_BIN"]
 PLUGIN = os.environ["BATON_WORD_COUNT"]
 # `windowed`: windowed-count (1 s tumbling windows, 200 ms grace, final counts sent when a window
@@ -53,14 +53,7 @@ RUN_ID = f"{os.getpid()}-{int(time.time())}"
 
 
 def say(msg):
-    print(f"[steady] {msg}", file=sys.stderr, flush=True)
-
-
-def cpu_secs(pid):
-    """User + system CPU seconds of a process (its threads included)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+    say_as("steady", msg)
 
 
 def produce(topic):
@@ -93,25 +86,9 @@ def produce(topic):
     say(f"produced {N:,} records in {time.time() - started:.1f} s")
 
 
-class Committed:
-    """The sum of a group's committed offsets over the topic."""
-
-    def __init__(self, group, topic):
-        self.c = Consumer({"bootstrap.servers": BOOT, "group.id": group,
-                           "enable.auto.commit": False})
-        self.tps = [TopicPartition(topic, p) for p in range(SLOTS)]
-
-    def total(self):
-        got = self.c.committed(self.tps, timeout=10)
-        return sum(max(tp.offset, 0) for tp in got)
-
-    def close(self):
-        self.c.close()
-
-
 def measure(proc, group, topic, label):
     """Polls the group until every record is committed; returns the run's figures."""
-    committed = Committed(group, topic)
+    committed = Committed(group, topic, SLOTS)
     started = time.time()
     mark = None
     deadline = started + 900
@@ -141,38 +118,11 @@ def measure(proc, group, topic, label):
     }
 
 
-def stop(proc):
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def http(base, method, path, body=None, ctype="application/json"):
-    req = urllib.request.Request(base + path, data=body, method=method,
-                                 headers={"content-type": ctype})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.loads(r.read() or b"null")
-
-
 def run_baton(topic, guarantee, n):
     data = tempfile.mkdtemp(prefix="baton-steady-")
     cluster = f"steady-{RUN_ID}-{n}"
-    proc = subprocess.Popen(
-        [BATON_BIN, "run", "--kafka", BOOT, "--cluster", cluster, "--data-dir", data,
-         "--http", "127.0.0.1:0", "--state-memory", "512MiB"],
-        stdout=subprocess.DEVNULL, stderr=open(os.path.join(data, "baton.log"), "w"))
+    proc, base = start_baton(data, cluster)
     try:
-        addr = os.path.join(data, "baton.addr")
-        deadline = time.time() + 60
-        while not (os.path.exists(addr) and open(addr).read()):
-            if time.time() > deadline or proc.poll() is not None:
-                raise RuntimeError("baton did not start")
-            time.sleep(0.05)
-        base = "http://" + open(addr).read().strip()
         if TOPOLOGY == "windowed":
             http(base, "POST", "/api/v1/modules?name=windowed-count&version=1",
                  open(os.environ["BATON_WINDOWED_COUNT"], "rb").read(), "application/wasm")
