@@ -600,6 +600,16 @@ impl ChildHost {
 
     /// Like [`ChildHost::start`], in the cluster `cluster`.
     pub async fn start_in(dir: &Path, cluster: &str, extra: &[&str]) -> Result<Self> {
+        Self::start_sized(dir, cluster, "64MiB", extra).await
+    }
+
+    /// Like [`ChildHost::start_in`], with `--state-memory state_memory`.
+    pub async fn start_sized(
+        dir: &Path,
+        cluster: &str,
+        state_memory: &str,
+        extra: &[&str],
+    ) -> Result<Self> {
         let addr_file = dir.join("baton.addr");
         let _ = std::fs::remove_file(&addr_file);
         std::fs::create_dir_all(dir)?;
@@ -613,7 +623,7 @@ impl ChildHost {
                 "--http",
                 "127.0.0.1:0",
                 "--state-memory",
-                "64MiB",
+                state_memory,
                 "--data-dir",
             ])
             .arg(dir)

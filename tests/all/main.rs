@@ -20,6 +20,7 @@ mod openapi;
 mod quickstart;
 mod restart;
 mod scaffold;
+mod state_scale;
 mod supervisor;
 mod swap;
 mod test_plugin;
