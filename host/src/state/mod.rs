@@ -315,11 +315,10 @@ impl StateEnv {
         // 64 partitions would be 384 MiB of memtables before a single write. Small blocks keep
         // that floor per partition negligible, so the write-buffer manager's bound holds.
         o.set_arena_block_size(64 << 10);
-        // A whole-key bloom filter over each memtable (5% of its size): a lookup of a key that
-        // is not in the memtables (the common case with millions of keys) skips their
-        // skiplists, 12-15% of a lookup's time without it.
-        o.set_memtable_prefix_bloom_ratio(0.05);
-        o.set_memtable_whole_key_filtering(true);
+        // No memtable bloom filter: it would save a lookup its memtable skiplists (12-15% of
+        // its time at millions of keys), but RocksDB allocates it whole with each memtable, a
+        // floor of 800 KiB per column family that 64 partitions turn into 150 MiB, over the
+        // bound.
         o
     }
 
