@@ -9,7 +9,8 @@ import sys
 import time
 import urllib.request
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 BOOT = os.environ.get("BATON_KAFKA", "127.0.0.1:9092")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -33,6 +34,20 @@ def status_kib(pid, field):
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     raise RuntimeError(f"{field} missing from /proc/{pid}/status")
+
+
+def topic_producer(topic, partitions):
+    """Creates `topic` with `partitions` partitions and returns a librdkafka producer tuned for
+    bulk input (large batches, no compression)."""
+    admin = AdminClient({"bootstrap.servers": BOOT})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
+    return Producer({
+        "bootstrap.servers": BOOT,
+        "linger.ms": 50,
+        "batch.size": 1_000_000,
+        "queue.buffering.max.messages": 2_000_000,
+        "compression.type": "none",
+    })
 
 
 class Committed:

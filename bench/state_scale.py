@@ -39,12 +39,9 @@ import sys
 import tempfile
 import time
 
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (BOOT, Committed, cpu_secs, http, say, start_baton,  # noqa: E402
-                      status_kib, stop)
+                      status_kib, stop, topic_producer)
 
 SLOTS_PER_PARTITION = 4
 VALUE = b"v" * 100
@@ -76,15 +73,7 @@ def produce(topic, keys, partitions, n):
     """`n` records over `keys` keys: record i carries key (i * STEP) mod keys, STEP a prime that
     does not divide `keys`, so that every key comes once per `keys` records and its neighbours
     in time are far apart in key order."""
-    admin = AdminClient({"bootstrap.servers": BOOT})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
-    p = Producer({
-        "bootstrap.servers": BOOT,
-        "linger.ms": 50,
-        "batch.size": 1_000_000,
-        "queue.buffering.max.messages": 2_000_000,
-        "compression.type": "none",
-    })
+    p = topic_producer(topic, partitions)
     step = 2_654_435_761
     while keys % step == 0:
         step += 2

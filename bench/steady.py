@@ -28,11 +28,10 @@ import sys
 import tempfile
 import time
 
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import BOOT, Committed, cpu_secs, http, start_baton, stop  # noqa: E402
+from benchlib import BOOT, Committed, cpu_secs, http, start_baton, stop, topic_producer  # noqa: E402
 from benchlib import say as say_as  # noqa: E402
 
 N = int(os.environ.get("BATON_STEADY_RECORDS", "48000000").replace("_", ""))
@@ -57,15 +56,7 @@ def say(msg):
 
 
 def produce(topic):
-    admin = AdminClient({"bootstrap.servers": BOOT})
-    admin.create_topics([NewTopic(topic, SLOTS, 1)])[topic].result()
-    p = Producer({
-        "bootstrap.servers": BOOT,
-        "linger.ms": 50,
-        "batch.size": 1_000_000,
-        "queue.buffering.max.messages": 2_000_000,
-        "compression.type": "none",
-    })
+    p = topic_producer(topic, SLOTS)
     started = time.time()
     x = 0x9E3779B97F4A7C15
     for i in range(N):

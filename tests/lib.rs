@@ -911,6 +911,16 @@ impl TestProducer {
 /// Every committed record of `topic` on the test broker as (key, value), read with
 /// isolation.level=read_committed.
 pub fn read_committed(topic: &str, partitions: u32) -> Result<Vec<(String, String)>> {
+    let text = |b: Option<Vec<u8>>| String::from_utf8_lossy(&b.unwrap_or_default()).into_owned();
+    Ok(read_committed_raw(topic, partitions)?
+        .into_iter()
+        .map(|(_, k, v)| (text(k), text(v)))
+        .collect())
+}
+
+/// Every committed record of `topic` on the test broker as (partition, key, value) bytes, read
+/// with isolation.level=read_committed.
+pub fn read_committed_raw(topic: &str, partitions: u32) -> Result<Vec<RawRecord>> {
     use baton::transport::Transport;
     let t = baton::transport::kafka::KafkaTransport::connect(
         baton::transport::kafka::KafkaConfig::new(kafka_bootstrap()),
@@ -923,16 +933,14 @@ pub fn read_committed(topic: &str, partitions: u32) -> Result<Vec<(String, Strin
             let recs = t.read(topic, p, offset, 10_000)?;
             let Some(last) = recs.last() else { break };
             offset = last.offset + 1;
-            for r in recs {
-                let text = |b: Option<Vec<u8>>| {
-                    String::from_utf8_lossy(&b.unwrap_or_default()).into_owned()
-                };
-                out.push((text(r.record.key), text(r.record.value)));
-            }
+            out.extend(recs.into_iter().map(|r| (p, r.record.key, r.record.value)));
         }
     }
     Ok(out)
 }
+
+/// A record as [`read_committed_raw`] gives it: partition, key, value.
+pub type RawRecord = (u32, Option<Vec<u8>>, Option<Vec<u8>>);
 
 /// Runs `scripts/kafka ARG` (start, stop) of this checkout.
 pub fn kafka_script(arg: &str) -> Result<()> {

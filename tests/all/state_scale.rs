@@ -52,25 +52,15 @@ fn kafka_transport() -> anyhow::Result<baton::transport::kafka::KafkaTransport> 
 
 /// The last value of every key of the changelog, by slot and key, as the counter it holds.
 fn changelog_counts(topic: &str) -> anyhow::Result<HashMap<(u32, Vec<u8>), i64>> {
-    let t = kafka_transport()?;
     let mut out = HashMap::new();
-    for slot in 0..SLOTS {
-        let end = t.end_offset(topic, slot)?;
-        let mut offset = 0;
-        while offset < end {
-            let recs = t.read(topic, slot, offset, 50_000)?;
-            let Some(last) = recs.last() else { break };
-            offset = last.offset + 1;
-            for r in recs {
-                let k = r.record.key.context("changelog record without a key")?;
-                let v = r.record.value.context("changelog tombstone of a counter")?;
-                let v: [u8; 8] = v
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| anyhow::anyhow!("a counter of {} bytes", v.len()))?;
-                out.insert((slot, k), i64::from_be_bytes(v));
-            }
-        }
+    for (slot, k, v) in baton_tests::read_committed_raw(topic, SLOTS)? {
+        let k = k.context("changelog record without a key")?;
+        let v = v.context("changelog tombstone of a counter")?;
+        let v: [u8; 8] = v
+            .as_slice()
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("a counter of {} bytes", v.len()))?;
+        out.insert((slot, k), i64::from_be_bytes(v));
     }
     Ok(out)
 }
