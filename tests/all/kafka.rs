@@ -49,6 +49,45 @@ async fn admin_client_creates_and_lists_a_topic() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A topic is used the moment it is created, as a host's first start does with its control
+/// log's snapshot topic: while the broker elects the new partitions' leaders, the watermarks,
+/// appends and reads wait that out instead of failing with "not leader" or "no leader".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_are_read_and_written_the_moment_they_are_created() -> anyhow::Result<()> {
+    use baton::transport::kafka::{KafkaConfig, KafkaTransport};
+    use baton::transport::{Record, TopicKind, Transport};
+    let _k = kafka_lock().await;
+    tokio::task::spawn_blocking(|| -> anyhow::Result<()> {
+        let t = KafkaTransport::connect(KafkaConfig::new(kafka_bootstrap()))?;
+        let mut made = Vec::new();
+        for round in 0..8u32 {
+            let topic = unique("fresh");
+            assert!(
+                t.ensure_topic(&topic, 3, TopicKind::Forever)?,
+                "{topic} is new"
+            );
+            made.push(topic.clone());
+            for p in 0..3 {
+                assert_eq!(t.end_offset(&topic, p)?, 0, "{topic}/{p} starts empty");
+                let rec = Record {
+                    key: Some(format!("k{round}").into_bytes()),
+                    value: Some(format!("v{round}.{p}").into_bytes()),
+                    headers: vec![],
+                    timestamp: 1_700_000_000_000,
+                };
+                assert_eq!(t.append(&topic, p, std::slice::from_ref(&rec))?, 0);
+                let (read, next) = t.read_from(&topic, p, 0, 10)?;
+                assert_eq!(next, 1, "{topic}/{p}");
+                assert_eq!(read.len(), 1, "{topic}/{p}");
+                assert_eq!(read[0].record.value, rec.value, "{topic}/{p}");
+            }
+        }
+        t.delete_topics(&made)?;
+        Ok(())
+    })
+    .await?
+}
+
 /// The input consumer reads in batches but hands over what is there: one record on a quiet
 /// topic comes back as soon as it is fetched, not when a full batch would be (or the wait ends);
 /// records of several partitions, headers and timestamps come back as they were produced.

@@ -109,6 +109,102 @@ fn refuses_for_good(code: Option<RDKafkaErrorCode>) -> bool {
     )
 }
 
+/// How long a call waits out the errors of a broker that is still settling before it gives up.
+pub const SETTLE_FOR: Duration = Duration::from_secs(30);
+
+/// True for the errors a broker returns while it settles, right after it starts or after a
+/// topic is created: no leader elected yet, a coordinator still loading its log, metadata not
+/// yet propagated to every broker, a connection not yet made. The same call succeeds soon.
+pub fn settling(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::LeaderNotAvailable
+            | C::NotLeaderForPartition
+            | C::PreferredLeaderNotAvailable
+            | C::ReplicaNotAvailable
+            | C::FencedLeaderEpoch
+            | C::UnknownLeaderEpoch
+            | C::OffsetNotAvailable
+            | C::CoordinatorLoadInProgress
+            | C::CoordinatorNotAvailable
+            | C::NotCoordinator
+            | C::WaitingForCoordinator
+            | C::NotController
+            | C::NotEnoughReplicas
+            | C::KafkaStorageError
+            | C::RequestTimedOut
+            | C::OperationTimedOut
+            | C::NetworkException
+            | C::BrokerNotAvailable
+            | C::AllBrokersDown
+            | C::BrokerTransportFailure
+            | C::Resolve
+    )
+}
+
+/// An error that may carry a broker's error code.
+pub trait BrokerCode: std::fmt::Display {
+    /// The code, when the error has one.
+    fn code(&self) -> Option<RDKafkaErrorCode>;
+}
+
+impl BrokerCode for RdError {
+    fn code(&self) -> Option<RDKafkaErrorCode> {
+        self.rdkafka_error_code()
+    }
+}
+
+impl BrokerCode for KafkaError {
+    fn code(&self) -> Option<RDKafkaErrorCode> {
+        match self {
+            KafkaError::Call { err, .. } => err.rdkafka_error_code(),
+            KafkaError::Refused { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+/// Calls `f` until it succeeds, fails with an error that is not [`settling`], or `deadline`
+/// has passed, backing off from 20 ms to 1 s between calls. Says what it waits for (`what`) at
+/// the first retry and every 5 s after, so that a host that waits on its broker shows why.
+pub fn settle<T, E: BrokerCode>(
+    what: impl Fn() -> String,
+    deadline: Duration,
+    mut f: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    let started = Instant::now();
+    let mut backoff = Duration::from_millis(20);
+    let mut told: Option<Instant> = None;
+    loop {
+        match f() {
+            Ok(v) => {
+                if told.is_some() {
+                    tracing::info!(
+                        "{}: the broker answered after {:?}",
+                        what(),
+                        started.elapsed()
+                    );
+                }
+                return Ok(v);
+            }
+            Err(e) if e.code().is_some_and(settling) && started.elapsed() + backoff < deadline => {
+                if told.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
+                    tracing::warn!(
+                        "{}: {e}; waiting for the broker to settle (up to {:?} more)",
+                        what(),
+                        deadline.saturating_sub(started.elapsed())
+                    );
+                    told = Some(Instant::now());
+                }
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Errors talking to Kafka.
 #[derive(Debug, thiserror::Error)]
 pub enum KafkaError {
@@ -118,6 +214,23 @@ pub enum KafkaError {
     /// The broker answered with an error or did not answer in time.
     #[error("kafka: {0}")]
     Broker(String),
+    /// A call to the cluster failed.
+    #[error("kafka: {what}: {err}")]
+    Call {
+        /// What was asked.
+        what: String,
+        /// The client's error.
+        #[source]
+        err: RdError,
+    },
+    /// The broker refused one resource of a call with an error code.
+    #[error("kafka: {what}: {code}")]
+    Refused {
+        /// What was asked.
+        what: String,
+        /// The broker's code.
+        code: RDKafkaErrorCode,
+    },
     /// A topic name or count was refused before asking the broker.
     #[error(transparent)]
     Topic(#[from] TransportError),
@@ -181,7 +294,10 @@ impl KafkaAdmin {
             .admin
             .create_topics([&topic], &opts)
             .await
-            .map_err(|e| KafkaError::Broker(e.to_string()))?;
+            .map_err(|err| KafkaError::Call {
+                what: format!("creating topic `{name}`"),
+                err,
+            })?;
         match res.into_iter().next() {
             Some(Ok(_)) => Ok(true),
             Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => {
@@ -197,9 +313,10 @@ impl KafkaAdmin {
                     .into())
                 }
             }
-            Some(Err((_, code))) => Err(KafkaError::Broker(format!(
-                "creating topic `{name}`: {code}"
-            ))),
+            Some(Err((_, code))) => Err(KafkaError::Refused {
+                what: format!("creating topic `{name}`"),
+                code,
+            }),
             None => Err(KafkaError::Broker(format!(
                 "creating topic `{name}`: no answer"
             ))),
@@ -225,12 +342,15 @@ impl KafkaAdmin {
     pub fn grow_partitions(&self, name: &str, total: u32) -> Result<(), KafkaError> {
         let np = rdkafka::admin::NewPartitions::new(name, total as usize);
         let opts = AdminOptions::new().operation_timeout(Some(self.timeout));
-        for r in block_on(self.admin.create_partitions([&np], &opts))
-            .map_err(|e| KafkaError::Broker(e.to_string()))?
-        {
-            r.map_err(|(_, e)| KafkaError::Broker(format!("growing `{name}`: {e}")))?;
-        }
-        Ok(())
+        let what = || format!("growing `{name}` to {total} partitions");
+        settle(what, SETTLE_FOR, || {
+            for r in block_on(self.admin.create_partitions([&np], &opts))
+                .map_err(|err| KafkaError::Call { what: what(), err })?
+            {
+                r.map_err(|(_, code)| KafkaError::Refused { what: what(), code })?;
+            }
+            Ok(())
+        })
     }
 
     /// Sets configs of a topic (those not named fall back to the broker's defaults).
@@ -245,12 +365,15 @@ impl KafkaAdmin {
             alter = alter.set(k, v);
         }
         let opts = AdminOptions::new().request_timeout(Some(self.timeout));
-        for r in block_on(self.admin.alter_configs([&alter], &opts))
-            .map_err(|e| KafkaError::Broker(e.to_string()))?
-        {
-            r.map_err(|(_, e)| KafkaError::Broker(format!("altering `{name}`: {e}")))?;
-        }
-        Ok(())
+        let what = || format!("altering the configs of `{name}`");
+        settle(what, SETTLE_FOR, || {
+            for r in block_on(self.admin.alter_configs([&alter], &opts))
+                .map_err(|err| KafkaError::Call { what: what(), err })?
+            {
+                r.map_err(|(_, code)| KafkaError::Refused { what: what(), code })?;
+            }
+            Ok(())
+        })
     }
 
     /// The configuration of one broker.
@@ -274,23 +397,25 @@ impl KafkaAdmin {
         what: rdkafka::admin::ResourceSpecifier<'_>,
     ) -> Result<Vec<rdkafka::admin::ConfigEntry>, KafkaError> {
         let opts = AdminOptions::new().request_timeout(Some(self.timeout));
-        let res = block_on(self.admin.describe_configs([&what], &opts))
-            .map_err(|e| KafkaError::Broker(e.to_string()))?;
-        let resource = res
-            .into_iter()
-            .next()
-            .ok_or_else(|| KafkaError::Broker(format!("no configs for {what:?}")))?
-            .map_err(|e| KafkaError::Broker(format!("configs of {what:?}: {e}")))?;
-        Ok(resource.entries)
+        let asked = || format!("the configs of {what:?}");
+        settle(asked, SETTLE_FOR, || {
+            let res = block_on(self.admin.describe_configs([&what], &opts))
+                .map_err(|err| KafkaError::Call { what: asked(), err })?;
+            let resource = res
+                .into_iter()
+                .next()
+                .ok_or_else(|| KafkaError::Broker(format!("no configs for {what:?}")))?
+                .map_err(|code| KafkaError::Refused {
+                    what: asked(),
+                    code,
+                })?;
+            Ok(resource.entries)
+        })
     }
 
     /// The id of a broker of the cluster.
     pub fn any_broker(&self) -> Result<i32, KafkaError> {
-        let md = self
-            .admin
-            .inner()
-            .fetch_metadata(None, self.timeout)
-            .map_err(|e| KafkaError::Broker(e.to_string()))?;
+        let md = self.metadata(None)?;
         md.brokers()
             .first()
             .map(|b| b.id())
@@ -299,11 +424,7 @@ impl KafkaAdmin {
 
     /// Every topic of the cluster with its partition count, sorted by name.
     pub fn topics(&self) -> Result<Vec<TopicInfo>, KafkaError> {
-        let md = self
-            .admin
-            .inner()
-            .fetch_metadata(None, self.timeout)
-            .map_err(|e| KafkaError::Broker(e.to_string()))?;
+        let md = self.metadata(None)?;
         let mut v: Vec<_> = md
             .topics()
             .iter()
@@ -318,11 +439,7 @@ impl KafkaAdmin {
 
     /// One topic, or `None` when the broker does not know it.
     pub fn topic(&self, name: &str) -> Result<Option<TopicInfo>, KafkaError> {
-        let md = self
-            .admin
-            .inner()
-            .fetch_metadata(Some(name), self.timeout)
-            .map_err(|e| KafkaError::Broker(e.to_string()))?;
+        let md = self.metadata(Some(name))?;
         Ok(md
             .topics()
             .iter()
@@ -333,6 +450,20 @@ impl KafkaAdmin {
             }))
     }
 
+    /// The cluster's metadata, of one topic or of all, waiting out a settling broker.
+    fn metadata(&self, topic: Option<&str>) -> Result<rdkafka::metadata::Metadata, KafkaError> {
+        let what = || match topic {
+            Some(t) => format!("the metadata of `{t}`"),
+            None => "the cluster metadata".to_string(),
+        };
+        settle(what, SETTLE_FOR, || {
+            self.admin
+                .inner()
+                .fetch_metadata(topic, self.timeout)
+                .map_err(|err| KafkaError::Call { what: what(), err })
+        })
+    }
+
     /// Deletes topics; missing ones are ignored.
     pub async fn delete_topics(&self, names: &[&str]) -> Result<(), KafkaError> {
         let opts = AdminOptions::new().operation_timeout(Some(self.timeout));
@@ -340,14 +471,18 @@ impl KafkaAdmin {
             .admin
             .delete_topics(names, &opts)
             .await
-            .map_err(|e| KafkaError::Broker(e.to_string()))?;
+            .map_err(|err| KafkaError::Call {
+                what: format!("deleting topics {names:?}"),
+                err,
+            })?;
         for r in res {
             if let Err((name, code)) = r
                 && code != RDKafkaErrorCode::UnknownTopicOrPartition
             {
-                return Err(KafkaError::Broker(format!(
-                    "deleting topic `{name}`: {code}"
-                )));
+                return Err(KafkaError::Refused {
+                    what: format!("deleting topic `{name}`"),
+                    code,
+                });
             }
         }
         Ok(())
@@ -726,12 +861,18 @@ impl Transport for KafkaTransport {
         if kind.is_internal() {
             configs.push(("min.insync.replicas", &min_insync));
         }
-        let created = match block_on(self.admin.ensure_topic(
-            topic,
-            partitions,
-            i32::from(self.replication),
-            &configs,
-        )) {
+        let created = match settle(
+            || format!("creating topic `{topic}`"),
+            SETTLE_FOR,
+            || {
+                block_on(self.admin.ensure_topic(
+                    topic,
+                    partitions,
+                    i32::from(self.replication),
+                    &configs,
+                ))
+            },
+        ) {
             Ok(created) => created,
             Err(KafkaError::Topic(e)) => return Err(e),
             Err(e) => return Err(kerr(&format!("creating topic `{topic}`"), e)),
@@ -795,7 +936,12 @@ impl Transport for KafkaTransport {
 
     fn delete_topics(&self, topics: &[String]) -> Result<(), TransportError> {
         let names: Vec<&str> = topics.iter().map(String::as_str).collect();
-        block_on(self.admin.delete_topics(&names)).map_err(|e| kerr("deleting topics", e))?;
+        settle(
+            || format!("deleting topics {names:?}"),
+            SETTLE_FOR,
+            || block_on(self.admin.delete_topics(&names)),
+        )
+        .map_err(|e| kerr("deleting topics", e))?;
         // Deletion completes in the background: wait until the metadata no longer shows them,
         // so that the names can be used again at once.
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -817,23 +963,25 @@ impl Transport for KafkaTransport {
 
     fn delete_group(&self, group: &str) -> Result<(), TransportError> {
         let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-        let res = block_on(self.admin.admin.delete_groups(&[group], &opts))
-            .map_err(|e| kerr(&format!("deleting group `{group}`"), e))?;
-        for r in res {
-            if let Err((_, code)) = r
-                && code != RDKafkaErrorCode::GroupIdNotFound
-            {
-                return Err(kerr(&format!("deleting group `{group}`"), code));
+        let what = || format!("deleting group `{group}`");
+        settle(what, SETTLE_FOR, || {
+            let res = block_on(self.admin.admin.delete_groups(&[group], &opts))
+                .map_err(|err| KafkaError::Call { what: what(), err })?;
+            for r in res {
+                if let Err((_, code)) = r
+                    && code != RDKafkaErrorCode::GroupIdNotFound
+                {
+                    return Err(KafkaError::Refused { what: what(), code });
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        })
+        .map_err(|e| kerr(&what(), e))
     }
 
     fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, TransportError> {
         let reader = self.reader.lock();
-        let (_, hi) = reader
-            .fetch_watermarks(topic, partition as i32, Duration::from_secs(10))
-            .map_err(|e| kerr(&format!("watermarks of {topic}/{partition}"), e))?;
+        let (_, hi) = watermarks(&reader, topic, partition)?;
         Ok(hi.max(0) as u64)
     }
 
@@ -904,9 +1052,7 @@ impl Transport for KafkaTransport {
         max: usize,
     ) -> Result<(Vec<LogRecord>, u64), TransportError> {
         let reader = self.reader.lock();
-        let (lo, hi) = reader
-            .fetch_watermarks(topic, partition as i32, Duration::from_secs(10))
-            .map_err(|e| kerr(&format!("watermarks of {topic}/{partition}"), e))?;
+        let (lo, hi) = watermarks(&reader, topic, partition)?;
         let start = (offset as i64).max(lo);
         if start >= hi || max == 0 {
             return Ok((Vec::new(), offset.max(start as u64)));
@@ -954,6 +1100,16 @@ impl Transport for KafkaTransport {
     }
 }
 
+/// The low and high watermarks of a topic partition, waiting out a settling broker (a topic
+/// just created has no leader for a moment).
+fn watermarks(c: &BaseConsumer, topic: &str, partition: u32) -> Result<(i64, i64), TransportError> {
+    let what = || format!("watermarks of {topic}/{partition}");
+    settle(what, SETTLE_FOR, || {
+        c.fetch_watermarks(topic, partition as i32, Duration::from_secs(10))
+    })
+    .map_err(|e| kerr(&what(), e))
+}
+
 fn position(c: &BaseConsumer, topic: &str, partition: u32) -> Option<i64> {
     let pos = c.position().ok()?;
     match pos.find_partition(topic, partition as i32)?.offset() {
@@ -998,10 +1154,15 @@ impl InputConsumer {
         for (t, p) in tps {
             tpl.add_partition(t, *p as i32);
         }
-        let got = self
-            .consumer
-            .committed_offsets(tpl, Duration::from_secs(30))
-            .map_err(|e| kerr("committed offsets", e))?;
+        let got = settle(
+            || format!("the group's committed offsets of {tps:?}"),
+            SETTLE_FOR,
+            || {
+                self.consumer
+                    .committed_offsets(tpl.clone(), Duration::from_secs(30))
+            },
+        )
+        .map_err(|e| kerr("committed offsets", e))?;
         Ok(tps
             .iter()
             .map(
@@ -1137,10 +1298,7 @@ impl InputConsumer {
     /// The low and high watermarks of a topic partition, in one round trip. On a consumer
     /// that is fetching, the broker answers after the fetch in flight: ask one that is not.
     pub fn watermarks(&self, topic: &str, partition: u32) -> Result<(u64, u64), TransportError> {
-        let (lo, hi) = self
-            .consumer
-            .fetch_watermarks(topic, partition as i32, Duration::from_secs(10))
-            .map_err(|e| kerr(&format!("watermarks of {topic}/{partition}"), e))?;
+        let (lo, hi) = watermarks(&self.consumer, topic, partition)?;
         Ok((lo.max(0) as u64, hi.max(0) as u64))
     }
 }
@@ -1355,5 +1513,84 @@ impl BatchProducer {
         let mut st = self.producer.context().state.lock();
         st.offsets.clear();
         st.error = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fails with `errors` in turn, then succeeds; counts the calls.
+    fn flaky(errors: Vec<RDKafkaErrorCode>) -> impl FnMut() -> Result<u32, RdError> {
+        let mut left = errors.into_iter();
+        let mut calls = 0;
+        move || {
+            calls += 1;
+            match left.next() {
+                Some(code) => Err(RdError::MetadataFetch(code)),
+                None => Ok(calls),
+            }
+        }
+    }
+
+    #[test]
+    fn the_errors_of_a_settling_broker_are_waited_out() {
+        use RDKafkaErrorCode as C;
+        let f = flaky(vec![
+            C::NotLeaderForPartition,
+            C::LeaderNotAvailable,
+            C::CoordinatorLoadInProgress,
+            C::UnknownLeaderEpoch,
+        ]);
+        let got = settle(|| "watermarks of t/0".into(), Duration::from_secs(10), f);
+        assert_eq!(got.unwrap(), 5, "four refusals, then the answer");
+    }
+
+    #[test]
+    fn a_permanent_error_fails_at_once() {
+        use RDKafkaErrorCode as C;
+        for code in [
+            C::TopicAuthorizationFailed,
+            C::InvalidReplicationFactor,
+            C::UnknownTopicOrPartition,
+        ] {
+            let mut calls = 0;
+            let started = Instant::now();
+            let got: Result<(), _> = settle(
+                || "x".into(),
+                Duration::from_secs(10),
+                || {
+                    calls += 1;
+                    Err(RdError::MetadataFetch(code))
+                },
+            );
+            assert_eq!(got.unwrap_err().code(), Some(code));
+            assert_eq!(calls, 1, "{code:?} is not retried");
+            assert!(started.elapsed() < Duration::from_secs(1));
+        }
+    }
+
+    #[test]
+    fn a_broker_that_does_not_settle_fails_at_the_deadline_with_its_last_error() {
+        let started = Instant::now();
+        let mut calls = 0;
+        let got: Result<(), _> = settle(
+            || "x".into(),
+            Duration::from_millis(300),
+            || {
+                calls += 1;
+                Err(KafkaError::Refused {
+                    what: "creating topic `t`".into(),
+                    code: RDKafkaErrorCode::NotController,
+                })
+            },
+        );
+        let err = got.unwrap_err();
+        assert!(err.to_string().contains("creating topic `t`"), "{err}");
+        assert!(calls >= 3, "backed off and retried: {calls} calls");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "gave up at the deadline"
+        );
     }
 }
