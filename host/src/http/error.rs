@@ -13,7 +13,14 @@ use crate::error::Error;
 pub struct ApiError {
     status: StatusCode,
     message: String,
+    /// A body over the limit of its call, refused by an extractor that does not know the
+    /// limit: the router's outer layer names it (see [`BodyOverLimit`]).
+    over_limit: bool,
 }
+
+/// Marks the answer to a body over its call's limit, for the layer that knows the limit.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyOverLimit;
 
 impl ApiError {
     /// An error with `status` and `message`.
@@ -21,6 +28,7 @@ impl ApiError {
         ApiError {
             status,
             message: message.into(),
+            over_limit: false,
         }
     }
 
@@ -60,6 +68,7 @@ impl From<Error> for ApiError {
         ApiError {
             status,
             message: e.to_string(),
+            over_limit: false,
         }
     }
 }
@@ -81,22 +90,30 @@ impl IntoResponse for ApiError {
         } else {
             self.message
         };
-        (
+        let mut r = (
             self.status,
             Json(json!({ "error": message, "status": self.status.as_u16() })),
         )
-            .into_response()
+            .into_response();
+        if self.over_limit {
+            r.extensions_mut().insert(BodyOverLimit);
+        }
+        r
     }
 }
 
 impl From<axum::extract::rejection::JsonRejection> for ApiError {
     fn from(r: axum::extract::rejection::JsonRejection) -> Self {
-        let status = if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        let over_limit = r.status() == StatusCode::PAYLOAD_TOO_LARGE;
+        let status = if over_limit {
             r.status()
         } else {
             StatusCode::BAD_REQUEST
         };
-        ApiError::new(status, format!("request body: {}", r.body_text()))
+        ApiError {
+            over_limit,
+            ..ApiError::new(status, format!("request body: {}", r.body_text()))
+        }
     }
 }
 
@@ -114,11 +131,15 @@ impl From<axum::extract::rejection::PathRejection> for ApiError {
 
 impl From<axum::extract::rejection::BytesRejection> for ApiError {
     fn from(r: axum::extract::rejection::BytesRejection) -> Self {
-        let status = if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        let over_limit = r.status() == StatusCode::PAYLOAD_TOO_LARGE;
+        let status = if over_limit {
             r.status()
         } else {
             StatusCode::BAD_REQUEST
         };
-        ApiError::new(status, format!("request body: {}", r.body_text()))
+        ApiError {
+            over_limit,
+            ..ApiError::new(status, format!("request body: {}", r.body_text()))
+        }
     }
 }

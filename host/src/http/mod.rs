@@ -29,6 +29,19 @@ pub type AppState = Arc<Baton>;
 pub const JSON_LIMIT: usize = 16 << 20;
 /// Largest module upload accepted.
 pub const MODULE_LIMIT: usize = 64 << 20;
+/// Largest body of every other call (axum's default).
+pub const DEFAULT_LIMIT: usize = 2 << 20;
+
+/// The largest body a call to `path` accepts.
+fn body_limit(path: &str) -> usize {
+    if path.starts_with("/api/v1/modules") {
+        MODULE_LIMIT
+    } else if path.starts_with("/api/v1/topics") {
+        JSON_LIMIT
+    } else {
+        DEFAULT_LIMIT
+    }
+}
 
 /// The whole API.
 pub fn router(baton: Arc<Baton>) -> Router {
@@ -49,7 +62,79 @@ pub fn router(baton: Arc<Baton>) -> Router {
             forward::to_controller,
         ))
         .layer(axum::middleware::from_fn_with_state(baton.clone(), auth))
+        .layer(axum::middleware::from_fn(drain_unread))
         .with_state(baton)
+}
+
+/// Most of a request body that an answer given without reading it (413, 401, 400) is read
+/// and thrown away, and how long that may take.
+const DRAIN_MAX: usize = 2 * MODULE_LIMIT;
+const DRAIN_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A request body that its handler may drop unread while the middleware keeps it.
+struct Kept(Arc<parking_lot::Mutex<axum::body::Body>>);
+
+impl http_body::Body for Kept {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut *self.0.lock()).poll_frame(cx)
+    }
+}
+
+/// Reads what is left of a request's body before the answer goes out, up to [`DRAIN_MAX`]
+/// bytes and [`DRAIN_FOR`]. A server that answers (say 413 for an upload over the limit)
+/// and closes while the client is still sending resets the connection, and the client sees
+/// the reset instead of the answer; read to the end, the connection stays usable too.
+async fn drain_unread(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let (parts, body) = req.into_parts();
+    let limit = body_limit(parts.uri.path());
+    let sent = parts
+        .headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| format!("of {v} bytes "))
+        .unwrap_or_default();
+    let kept = Arc::new(parking_lot::Mutex::new(body));
+    let resp = next
+        .run(axum::extract::Request::from_parts(
+            parts,
+            axum::body::Body::new(Kept(kept.clone())),
+        ))
+        .await;
+    let mut rest = std::mem::take(&mut *kept.lock());
+    let drain = async {
+        let mut read = 0usize;
+        while read <= DRAIN_MAX {
+            let frame = std::future::poll_fn(|cx| {
+                http_body::Body::poll_frame(std::pin::Pin::new(&mut rest), cx)
+            })
+            .await;
+            match frame {
+                Some(Ok(f)) => read += f.data_ref().map_or(0, |d| d.len()),
+                _ => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_FOR, drain).await;
+    if resp.extensions().get::<error::BodyOverLimit>().is_some() {
+        return ApiError::new(
+            resp.status(),
+            format!(
+                "the request body {sent}is over this call's limit of {} MiB",
+                limit >> 20
+            ),
+        )
+        .into_response();
+    }
+    resp
 }
 
 /// With a token configured, every call that changes something (any method but GET and HEAD)
