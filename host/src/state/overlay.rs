@@ -11,7 +11,11 @@
 //! RocksDB write, a read's result right after the read, and it lives as long as the instance's
 //! context, which a new session (after any error, a restore, a rollback) does not reuse. Its
 //! bytes are charged to a budget shared by every partition of the host, carved out of
-//! `--state-memory`; a partition that finds the budget spent empties its own cache.
+//! `--state-memory`. The cache has two generations: new entries go into the young one, and a
+//! partition that finds the budget spent drops its old generation and makes the young one old.
+//! A key written or read again since the last turn survives it, so hot keys stay while a
+//! stream of keys seen once goes through; the cache never starts over from nothing, and the
+//! young map is made at the size the last one reached instead of growing from empty.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -171,16 +175,21 @@ pub struct Overlay {
     written: usize,
     /// Writes taken for a commit that is not settled yet.
     committing: Option<Arc<Writes>>,
-    /// Committed values (`None`: absent from RocksDB); empty without a budget.
+    /// Committed values (`None`: absent from RocksDB), the young generation; empty without a
+    /// budget.
     clean: Vec<Map>,
+    /// The old generation: read after the young one, which holds the newer value of a key.
+    old: Vec<Map>,
+    /// Bytes charged for the young and the old generation.
     clean_bytes: usize,
+    old_bytes: usize,
     budget: Option<Arc<HotBudget>>,
 }
 
 impl Drop for Overlay {
     fn drop(&mut self) {
         if let Some(b) = &self.budget {
-            b.release(self.clean_bytes);
+            b.release(self.clean_bytes + self.old_bytes);
         }
     }
 }
@@ -212,6 +221,7 @@ impl Overlay {
         self.clean
             .get(store)
             .and_then(|m| m.get(key))
+            .or_else(|| self.old.get(store).and_then(|m| m.get(key)))
             .map(|v| v.as_deref())
     }
 
@@ -228,10 +238,14 @@ impl Overlay {
             self.clean_bytes -= back;
         }
         if !budget.try_charge(n) {
-            // The host's budget is spent: this partition starts its cache over.
-            self.forget_cache();
+            // The host's budget is spent: this partition's young generation becomes its old
+            // one; if that frees too little (other partitions hold the rest), it starts over.
+            self.turn_generations();
             if !budget.try_charge(n) {
-                return;
+                self.forget_cache();
+                if !budget.try_charge(n) {
+                    return;
+                }
             }
         }
         slot_of(&mut self.clean, store).insert(key, value);
@@ -247,15 +261,59 @@ impl Overlay {
             }
             self.clean_bytes -= back;
         }
+        if let Some(old) = self.old.get_mut(store).and_then(|m| m.remove(key)) {
+            let back = entry_bytes(key, &old).min(self.old_bytes);
+            if let Some(b) = &self.budget {
+                b.release(back);
+            }
+            self.old_bytes -= back;
+        }
+    }
+
+    /// Drops the old generation and makes the young one old; the new young maps start at the
+    /// size the last ones reached. With no old generation to drop (the cache's first fill),
+    /// every other entry of the new old one goes, so that the young one has room.
+    fn turn_generations(&mut self) {
+        let first = self.old_bytes == 0;
+        if let Some(b) = &self.budget {
+            b.release(self.old_bytes);
+        }
+        let young: Vec<Map> = self
+            .clean
+            .iter()
+            .map(|m| Map::with_capacity_and_hasher(m.len(), Default::default()))
+            .collect();
+        self.old = std::mem::replace(&mut self.clean, young);
+        self.old_bytes = std::mem::take(&mut self.clean_bytes);
+        if first {
+            let mut freed = 0;
+            let mut keep = false;
+            for m in &mut self.old {
+                m.retain(|k, v| {
+                    keep = !keep;
+                    if !keep {
+                        freed += entry_bytes(k, v);
+                    }
+                    keep
+                });
+            }
+            let freed = freed.min(self.old_bytes);
+            self.old_bytes -= freed;
+            if let Some(b) = &self.budget {
+                b.release(freed);
+            }
+        }
     }
 
     /// Empties the hot-key cache, its memory included, and gives its bytes back to the budget.
     pub fn forget_cache(&mut self) {
         if let Some(b) = &self.budget {
-            b.release(self.clean_bytes);
+            b.release(self.clean_bytes + self.old_bytes);
         }
         self.clean_bytes = 0;
+        self.old_bytes = 0;
         self.clean = Vec::new();
+        self.old = Vec::new();
     }
 
     /// The commit of the writes last taken succeeded (they are in RocksDB): they move into the
@@ -304,7 +362,7 @@ impl Overlay {
 
     /// Bytes the hot-key cache holds.
     pub fn cached_bytes(&self) -> usize {
-        self.clean_bytes
+        self.clean_bytes + self.old_bytes
     }
 
     /// Records a write of the current call.
@@ -441,7 +499,7 @@ mod tests {
     }
 
     #[test]
-    fn the_budget_holds_across_overwrites_and_a_full_budget_starts_the_cache_over() {
+    fn the_budget_holds_across_overwrites_and_a_full_budget_turns_the_generations() {
         let entry = entry_bytes(b"k0", &Some(vec![0; 8]));
         let budget = HotBudget::new(3 * entry);
         let mut o = Overlay::with_budget(budget.clone());
@@ -453,14 +511,43 @@ mod tests {
         o.remember(0, b"k1".to_vec(), Some(vec![1; 8]));
         o.remember(0, b"k2".to_vec(), Some(vec![2; 8]));
         assert_eq!(budget.used(), 3 * entry);
-        // Over the budget: the cache starts over with the new entry alone.
+        // Over the budget: the young generation (k0..k2) becomes old and the new entry goes
+        // into the new young one; nothing is dropped yet, and the charge stays within bound.
+        // The old generation has no room left, so the turn drops it at once and starts over.
         o.remember(0, b"k3".to_vec(), Some(vec![3; 8]));
-        assert_eq!(budget.used(), entry);
-        assert_eq!(o.get(0, b"k0"), None);
+        assert!(budget.used() <= 3 * entry);
         assert_eq!(o.get(0, b"k3"), Some(Some(&[3u8; 8][..])));
+        assert_eq!(o.cached_bytes(), budget.used());
         o.forget_cache();
         assert_eq!(budget.used(), 0);
         assert_eq!(o.get(0, b"k3"), None);
+    }
+
+    #[test]
+    fn hot_keys_survive_a_stream_of_keys_seen_once() {
+        let entry = entry_bytes(b"hot", &Some(vec![0; 8]));
+        let budget = HotBudget::new(100 * entry);
+        let mut o = Overlay::with_budget(budget.clone());
+        // Every 10th key is the hot one, written again (as each commit settles it); the rest
+        // are 1,000 keys seen once each, ten times what the budget holds.
+        for i in 0..1000u32 {
+            if i % 10 == 0 {
+                o.remember(0, b"hot".to_vec(), Some(i.to_be_bytes().repeat(2)));
+            }
+            o.remember(0, format!("c{i:03}").into_bytes(), Some(vec![0; 8]));
+            assert!(budget.used() <= 100 * entry, "over the budget at {i}");
+            assert_eq!(o.cached_bytes(), budget.used());
+            assert_eq!(
+                o.get(0, b"hot"),
+                Some(Some(&(i / 10 * 10).to_be_bytes().repeat(2)[..])),
+                "the hot key, with its newest value, at {i}"
+            );
+        }
+        // Keys seen once long ago are gone; the newest are there.
+        assert_eq!(o.get(0, b"c000"), None);
+        assert_eq!(o.get(0, b"c999"), Some(Some(&[0u8; 8][..])));
+        drop(o);
+        assert_eq!(budget.used(), 0);
     }
 
     #[test]
