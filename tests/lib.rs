@@ -124,6 +124,79 @@ where
     }
 }
 
+/// (id, owner, epoch) of every partition, as one host shows the partition table.
+pub async fn partition_table(api: &Api) -> Result<Vec<(String, String, u64)>> {
+    Ok(api
+        .partitions()
+        .await?
+        .iter()
+        .map(|p| {
+            (
+                p["id"].as_str().unwrap_or_default().to_string(),
+                p["owner"].as_str().unwrap_or_default().to_string(),
+                p["epoch"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect())
+}
+
+/// Every owner each partition was shown with at each epoch, over a whole test: a partition
+/// shown with two owners at one epoch, by any host at any time, fails the test. Shared by
+/// reference, so that what each poll of a wait sees is kept.
+#[derive(Debug, Default)]
+pub struct Owners(std::sync::Mutex<BTreeMap<(String, u64), String>>);
+
+impl Owners {
+    /// Adds `views` (partition tables) to what was seen; panics on a second owner.
+    pub fn record(&self, views: &[Vec<(String, String, u64)>]) {
+        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for view in views {
+            for (id, owner, epoch) in view {
+                let before = seen
+                    .entry((id.clone(), *epoch))
+                    .or_insert_with(|| owner.clone());
+                assert_eq!(before, owner, "{id} at epoch {epoch} shown with two owners");
+            }
+        }
+    }
+
+    /// Reads the partition table of every host in `apis` and records it.
+    pub async fn check(&self, apis: &[Api]) -> Result<()> {
+        let mut views = Vec::with_capacity(apis.len());
+        for api in apis {
+            views.push(partition_table(api).await?);
+        }
+        self.record(&views);
+        Ok(())
+    }
+
+    /// How many (partition, epoch) pairs were seen.
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// True when nothing was seen.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Asserts every count of store `counts` of `pipeline` against `expected`, asked of `api`.
+pub async fn assert_counts(
+    api: &Api,
+    pipeline: &str,
+    expected: &BTreeMap<String, i64>,
+) -> Result<()> {
+    for (key, n) in expected {
+        assert_eq!(
+            api.counter(pipeline, "counts", key).await?,
+            Some(*n),
+            "count of {key} in {pipeline}"
+        );
+    }
+    Ok(())
+}
+
 /// A client of one host's HTTP API.
 #[derive(Clone)]
 pub struct Api {

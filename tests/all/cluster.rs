@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use baton_tests::partition_table as table;
 use baton_tests::{InProcess, cluster_name, kafka_bootstrap, kafka_lock, member, wait_for};
 use serde_json::Value;
 
@@ -183,14 +184,7 @@ async fn running(api: &baton_tests::Api, p: &str, id: &str) -> anyhow::Result<Ve
 /// The count of `key`, asked of one host: it reads the slots it owns and asks the owners of
 /// the others.
 async fn count_at(api: &baton_tests::Api, key: &str) -> anyhow::Result<Option<i64>> {
-    let r = api
-        .get(&format!("/api/v1/pipelines/wc/stores/counts/keys/{key}"))
-        .await?;
-    match r.status {
-        404 => Ok(None),
-        200 => Ok(r.body["value_i64"].as_i64()),
-        s => anyhow::bail!("lookup of {key}: {s} {}", r.body),
-    }
+    api.counter("wc", "counts", key).await
 }
 
 /// Every (key, count) of `wc`'s store, scanned page by page from one host.
@@ -217,22 +211,6 @@ async fn scan_all(api: &baton_tests::Api) -> anyhow::Result<BTreeMap<String, i64
             None => return Ok(out),
         }
     }
-}
-
-/// (id, owner, epoch) of every partition, as one host shows the partition table.
-async fn table(api: &baton_tests::Api) -> anyhow::Result<Vec<(String, String, u64)>> {
-    Ok(api
-        .partitions()
-        .await?
-        .iter()
-        .map(|p| {
-            (
-                p["id"].as_str().unwrap_or_default().to_string(),
-                p["owner"].as_str().unwrap_or_default().to_string(),
-                p["epoch"].as_u64().unwrap_or(0),
-            )
-        })
-        .collect())
 }
 
 /// Waits until every host shows the same partition table, with every partition running on
@@ -421,22 +399,6 @@ async fn partitions_spread_over_hosts_and_fail_over_with_exact_counts() -> anyho
     Ok(())
 }
 
-/// Checks that no partition shows two owners at one epoch across `views`, and returns the
-/// (id, epoch) → owner seen, merged into `seen` (which must agree too).
-fn one_owner_per_epoch(
-    seen: &mut BTreeMap<(String, u64), String>,
-    views: &[Vec<(String, String, u64)>],
-) {
-    for view in views {
-        for (id, owner, epoch) in view {
-            let before = seen
-                .entry((id.clone(), *epoch))
-                .or_insert_with(|| owner.clone());
-            assert_eq!(before, owner, "{id} at epoch {epoch} has two owners");
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_owner_is_fenced_and_rejoins_without_a_fencing_loop() -> anyhow::Result<()> {
     let _k = kafka_lock().await;
@@ -468,8 +430,8 @@ async fn a_paused_owner_is_fenced_and_rejoins_without_a_fencing_loop() -> anyhow
         }))
         .await?;
     let shown = same_table(&both, Duration::from_secs(60)).await?;
-    let seen = std::sync::Mutex::new(BTreeMap::new());
-    one_owner_per_epoch(&mut seen.lock().unwrap(), std::slice::from_ref(&shown));
+    let seen = baton_tests::Owners::default();
+    seen.record(std::slice::from_ref(&shown));
     let c_had: Vec<String> = shown
         .iter()
         .filter(|(_, o, _)| o == "c")
@@ -514,7 +476,7 @@ async fn a_paused_owner_is_fenced_and_rejoins_without_a_fencing_loop() -> anyhow
                         .then_some(t))
                 })
                 .await?;
-                one_owner_per_epoch(&mut seen.lock().unwrap(), &[moved]);
+                seen.record(&[moved]);
             }
             1 => {
                 wait_for("records while c is frozen", Duration::from_secs(60), || {
@@ -532,7 +494,7 @@ async fn a_paused_owner_is_fenced_and_rejoins_without_a_fencing_loop() -> anyhow
                     Duration::from_secs(90),
                     || async {
                         let (ta, tc) = (table(&a.api).await?, table(&c.api).await?);
-                        one_owner_per_epoch(&mut seen.lock().unwrap(), &[ta.clone(), tc.clone()]);
+                        seen.record(&[ta.clone(), tc.clone()]);
                         let on_c = running(&c.api, "wc", "c").await?;
                         let hosts = view(&a.api).await?;
                         let c_alive = hosts.get("c").is_some_and(|v| v.1);
@@ -551,7 +513,7 @@ async fn a_paused_owner_is_fenced_and_rejoins_without_a_fencing_loop() -> anyhow
     .await?;
     // No fencing loop: the epochs went no further than the takeover and the move back.
     let t = table(&a.api).await?;
-    one_owner_per_epoch(&mut seen.lock().unwrap(), std::slice::from_ref(&t));
+    seen.record(std::slice::from_ref(&t));
     assert!(t.iter().all(|(_, _, e)| *e <= 3), "{t:?}");
     let mut owners: Vec<&str> = t.iter().map(|(_, o, _)| o.as_str()).collect();
     owners.sort();

@@ -32,17 +32,6 @@ async fn produce(api: &baton_tests::Api, keys: &[String]) -> anyhow::Result<()> 
     Ok(())
 }
 
-async fn assert_counts(api: &baton_tests::Api, keys: &[String]) -> anyhow::Result<()> {
-    for (key, n) in count(keys.iter().map(String::as_str)) {
-        assert_eq!(
-            api.counter("wc", "counts", &key).await?,
-            Some(n),
-            "count of {key}"
-        );
-    }
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_state_read_retries_the_batch_and_dead_letters_nothing() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -70,7 +59,7 @@ async fn a_failed_state_read_retries_the_batch_and_dead_letters_nothing() -> any
         last.contains("injected state fault"),
         "the failure is reported: {last}"
     );
-    assert_counts(api, &keys).await?;
+    baton_tests::assert_counts(api, "wc", &count(keys.iter().map(String::as_str))).await?;
     let info = api.get("/api/v1/pipelines/wc").await?.body;
     let dlq_topic = info["dlq"].as_str().unwrap_or_default().to_string();
     assert!(!dlq_topic.is_empty(), "{info}");
@@ -124,7 +113,7 @@ async fn a_panicking_partition_is_marked_failed_then_restarts() -> anyhow::Resul
     .await?;
     assert_eq!(parts[0]["records"], 500, "{parts:?}");
     assert_eq!(parts[0]["dead_letters"], 0, "{parts:?}");
-    assert_counts(api, &keys).await?;
+    baton_tests::assert_counts(api, "wc", &count(keys.iter().map(String::as_str))).await?;
     wait_for(
         "/readyz to be ready again",
         Duration::from_secs(10),

@@ -10,8 +10,8 @@ use std::time::Duration;
 use baton::transport::TransportError;
 use baton::transport::kafka::{KafkaAdmin, KafkaError};
 use baton_tests::{
-    Api, ChildHost, InProcess, TestProducer, count, kafka_bootstrap, kafka_lock, kafka_script,
-    read_committed, unique, wait_for, words,
+    Api, ChildHost, InProcess, TestProducer, assert_counts, count, kafka_bootstrap, kafka_lock,
+    kafka_script, read_committed, unique, wait_for, words,
 };
 use serde_json::json;
 use tokio::sync::Mutex;
@@ -156,22 +156,6 @@ async fn the_input_consumer_hands_over_what_is_there_without_waiting_for_a_full_
         Ok(())
     })
     .await?
-}
-
-/// Checks every count of `pipeline` against `expected`.
-async fn assert_counts(
-    api: &Api,
-    pipeline: &str,
-    expected: &BTreeMap<String, i64>,
-) -> anyhow::Result<()> {
-    for (key, n) in expected {
-        assert_eq!(
-            api.counter(pipeline, "counts", key).await?,
-            Some(*n),
-            "count of {key} in {pipeline}"
-        );
-    }
-    Ok(())
 }
 
 /// An in-process host on Kafka running word-count over a new input topic; returns the host,
