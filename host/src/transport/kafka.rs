@@ -165,6 +165,26 @@ impl BrokerCode for KafkaError {
     }
 }
 
+/// What an admin call answers: per resource, its name or its name and the broker's refusal.
+type AdminAnswer<T, U> = Result<Vec<Result<T, (U, RDKafkaErrorCode)>>, RdError>;
+
+/// The answer of an admin call over several resources: the call's error, or the first resource
+/// refused with a code not in `ignore`.
+fn all_done<T, U>(
+    what: &dyn Fn() -> String,
+    answer: AdminAnswer<T, U>,
+    ignore: &[RDKafkaErrorCode],
+) -> Result<(), KafkaError> {
+    let results = answer.map_err(|err| KafkaError::Call { what: what(), err })?;
+    match results.into_iter().find_map(|r| match r {
+        Err((_, code)) if !ignore.contains(&code) => Some(code),
+        _ => None,
+    }) {
+        Some(code) => Err(KafkaError::Refused { what: what(), code }),
+        None => Ok(()),
+    }
+}
+
 /// Calls `f` until it succeeds, fails with an error that is not [`settling`], or `deadline`
 /// has passed, backing off from 20 ms to 1 s between calls. Says what it waits for (`what`) at
 /// the first retry and every 5 s after, so that a host that waits on its broker shows why.
@@ -344,12 +364,11 @@ impl KafkaAdmin {
         let opts = AdminOptions::new().operation_timeout(Some(self.timeout));
         let what = || format!("growing `{name}` to {total} partitions");
         settle(what, SETTLE_FOR, || {
-            for r in block_on(self.admin.create_partitions([&np], &opts))
-                .map_err(|err| KafkaError::Call { what: what(), err })?
-            {
-                r.map_err(|(_, code)| KafkaError::Refused { what: what(), code })?;
-            }
-            Ok(())
+            all_done(
+                &what,
+                block_on(self.admin.create_partitions([&np], &opts)),
+                &[],
+            )
         })
     }
 
@@ -367,12 +386,11 @@ impl KafkaAdmin {
         let opts = AdminOptions::new().request_timeout(Some(self.timeout));
         let what = || format!("altering the configs of `{name}`");
         settle(what, SETTLE_FOR, || {
-            for r in block_on(self.admin.alter_configs([&alter], &opts))
-                .map_err(|err| KafkaError::Call { what: what(), err })?
-            {
-                r.map_err(|(_, code)| KafkaError::Refused { what: what(), code })?;
-            }
-            Ok(())
+            all_done(
+                &what,
+                block_on(self.admin.alter_configs([&alter], &opts)),
+                &[],
+            )
         })
     }
 
@@ -965,16 +983,11 @@ impl Transport for KafkaTransport {
         let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
         let what = || format!("deleting group `{group}`");
         settle(what, SETTLE_FOR, || {
-            let res = block_on(self.admin.admin.delete_groups(&[group], &opts))
-                .map_err(|err| KafkaError::Call { what: what(), err })?;
-            for r in res {
-                if let Err((_, code)) = r
-                    && code != RDKafkaErrorCode::GroupIdNotFound
-                {
-                    return Err(KafkaError::Refused { what: what(), code });
-                }
-            }
-            Ok(())
+            all_done(
+                &what,
+                block_on(self.admin.admin.delete_groups(&[group], &opts)),
+                &[RDKafkaErrorCode::GroupIdNotFound],
+            )
         })
         .map_err(|e| kerr(&what(), e))
     }
