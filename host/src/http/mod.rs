@@ -32,7 +32,8 @@ pub const MODULE_LIMIT: usize = 64 << 20;
 /// Largest body of every other call (axum's default).
 pub const DEFAULT_LIMIT: usize = 2 << 20;
 
-/// The largest body a call to `path` accepts.
+/// The largest body a call to `path` accepts: what the routers of `modules.rs` and `topics.rs`
+/// set with `DefaultBodyLimit`, and axum's default elsewhere.
 fn body_limit(path: &str) -> usize {
     if path.starts_with("/api/v1/modules") {
         MODULE_LIMIT
@@ -96,12 +97,10 @@ async fn drain_unread(
 ) -> axum::response::Response {
     let (parts, body) = req.into_parts();
     let limit = body_limit(parts.uri.path());
-    let sent = parts
+    let sent: Option<u64> = parts
         .headers
         .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| format!("of {v} bytes "))
-        .unwrap_or_default();
+        .and_then(|v| v.to_str().ok()?.parse().ok());
     let kept = Arc::new(parking_lot::Mutex::new(body));
     let resp = next
         .run(axum::extract::Request::from_parts(
@@ -125,6 +124,7 @@ async fn drain_unread(
     };
     let _ = tokio::time::timeout(DRAIN_FOR, drain).await;
     if resp.extensions().get::<error::BodyOverLimit>().is_some() {
+        let sent = sent.map(|n| format!("of {n} bytes ")).unwrap_or_default();
         return ApiError::new(
             resp.status(),
             format!(
