@@ -169,16 +169,6 @@ impl Owners {
         self.record(&views);
         Ok(())
     }
-
-    /// How many (partition, epoch) pairs were seen.
-    pub fn len(&self) -> usize {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
-    /// True when nothing was seen.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// Asserts every count of store `counts` of `pipeline` against `expected`, asked of `api`.
