@@ -11,8 +11,9 @@
 //! RocksDB write, a read's result right after the read, and it lives as long as the instance's
 //! context, which a new session (after any error, a restore, a rollback) does not reuse. Its
 //! bytes are charged to a budget shared by every partition of the host, carved out of
-//! `--state-memory`. The cache has two generations: new entries go into the young one, and a
-//! partition that finds the budget spent drops its old generation and makes the young one old.
+//! `--state-memory`. The cache has two generations: new entries go into the young one, which
+//! turns old when it reaches half the budget (or when other partitions hold the rest of it),
+//! and the old one is dropped then.
 //! A key written or read again since the last turn survives it, so hot keys stay while a
 //! stream of keys seen once goes through; the cache never starts over from nothing, and the
 //! young map is made at the size the last one reached instead of growing from empty.
@@ -237,9 +238,13 @@ impl Overlay {
             budget.release(back);
             self.clean_bytes -= back;
         }
+        // The young generation turns old at half the budget, so that the two together fit it.
+        if self.clean_bytes + n > budget.limit() / 2 {
+            self.turn_generations();
+        }
         if !budget.try_charge(n) {
-            // The host's budget is spent: this partition's young generation becomes its old
-            // one; if that frees too little (other partitions hold the rest), it starts over.
+            // Other partitions hold the rest of the budget: this one drops its old generation;
+            // if that frees too little, it starts over.
             self.turn_generations();
             if !budget.try_charge(n) {
                 self.forget_cache();
@@ -271,10 +276,8 @@ impl Overlay {
     }
 
     /// Drops the old generation and makes the young one old; the new young maps start at the
-    /// size the last ones reached. With no old generation to drop (the cache's first fill),
-    /// every other entry of the new old one goes, so that the young one has room.
+    /// size the last ones reached.
     fn turn_generations(&mut self) {
-        let first = self.old_bytes == 0;
         if let Some(b) = &self.budget {
             b.release(self.old_bytes);
         }
@@ -285,24 +288,6 @@ impl Overlay {
             .collect();
         self.old = std::mem::replace(&mut self.clean, young);
         self.old_bytes = std::mem::take(&mut self.clean_bytes);
-        if first {
-            let mut freed = 0;
-            let mut keep = false;
-            for m in &mut self.old {
-                m.retain(|k, v| {
-                    keep = !keep;
-                    if !keep {
-                        freed += entry_bytes(k, v);
-                    }
-                    keep
-                });
-            }
-            let freed = freed.min(self.old_bytes);
-            self.old_bytes -= freed;
-            if let Some(b) = &self.budget {
-                b.release(freed);
-            }
-        }
     }
 
     /// Empties the hot-key cache, its memory included, and gives its bytes back to the budget.
@@ -499,7 +484,7 @@ mod tests {
     }
 
     #[test]
-    fn the_budget_holds_across_overwrites_and_a_full_budget_turns_the_generations() {
+    fn the_budget_holds_across_overwrites_and_the_generations_turn_at_half_of_it() {
         let entry = entry_bytes(b"k0", &Some(vec![0; 8]));
         let budget = HotBudget::new(3 * entry);
         let mut o = Overlay::with_budget(budget.clone());
@@ -508,16 +493,16 @@ mod tests {
         }
         assert_eq!(budget.used(), entry, "an overwrite is charged once");
         assert_eq!(o.get(0, b"k0"), Some(Some(&[4u8; 8][..])));
-        o.remember(0, b"k1".to_vec(), Some(vec![1; 8]));
-        o.remember(0, b"k2".to_vec(), Some(vec![2; 8]));
-        assert_eq!(budget.used(), 3 * entry);
-        // Over the budget: the young generation (k0..k2) becomes old and the new entry goes
-        // into the new young one; nothing is dropped yet, and the charge stays within bound.
-        // The old generation has no room left, so the turn drops it at once and starts over.
-        o.remember(0, b"k3".to_vec(), Some(vec![3; 8]));
-        assert!(budget.used() <= 3 * entry);
+        // The young generation turns old at half the budget: the last two keys stay, one in
+        // each generation, and the charge stays within the bound.
+        for (i, k) in [b"k1", b"k2", b"k3"].into_iter().enumerate() {
+            o.remember(0, k.to_vec(), Some(vec![i as u8 + 1; 8]));
+            assert!(budget.used() <= 3 * entry);
+            assert_eq!(o.cached_bytes(), budget.used());
+        }
         assert_eq!(o.get(0, b"k3"), Some(Some(&[3u8; 8][..])));
-        assert_eq!(o.cached_bytes(), budget.used());
+        assert_eq!(o.get(0, b"k2"), Some(Some(&[2u8; 8][..])));
+        assert_eq!(o.get(0, b"k0"), None, "dropped with its generation");
         o.forget_cache();
         assert_eq!(budget.used(), 0);
         assert_eq!(o.get(0, b"k3"), None);
