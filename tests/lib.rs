@@ -437,12 +437,15 @@ impl Api {
         at_least: u64,
         timeout: Duration,
     ) -> Result<Vec<Value>> {
-        wait_for(
+        // What the partitions last showed, for the error of a timeout.
+        let last = std::sync::Mutex::new(Value::Null);
+        let waited = wait_for(
             &format!("pipeline {pipeline} to process {at_least} records"),
             timeout,
             || async {
                 let parts = self.partitions().await?;
                 let mine: Vec<_> = parts.iter().filter(|p| p["pipeline"] == pipeline).collect();
+                *last.lock().unwrap() = json!(mine);
                 if mine.is_empty() {
                     return Ok(None);
                 }
@@ -469,36 +472,37 @@ impl Api {
                 Ok((done >= at_least).then_some(snapshot))
             },
         )
-        .await
+        .await;
+        let last = last.into_inner().unwrap();
+        waited.with_context(|| format!("the partitions last showed: {last}"))
     }
 
-    /// The lookup answer for `key` in `store`, or `None` when the key is missing (404).
+    /// The lookup answer for `key` in `store`, or `None` when the key is missing (404). A 503
+    /// (a partition restoring or moving) is asked again, for up to 30 s.
     pub async fn lookup(&self, pipeline: &str, store: &str, key: &str) -> Result<Option<Value>> {
-        let r = self
-            .get(&format!(
-                "/api/v1/pipelines/{pipeline}/stores/{store}/keys/{key}"
-            ))
-            .await?;
-        match r.status {
-            404 => Ok(None),
-            200 => Ok(Some(r.body)),
-            s => bail!("lookup {key}: {s} {}", r.body),
+        let path = format!("/api/v1/pipelines/{pipeline}/stores/{store}/keys/{key}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let r = self.get(&path).await?;
+            match r.status {
+                404 => return Ok(None),
+                200 => return Ok(Some(r.body)),
+                503 if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                s => bail!("lookup {key}: {s} {}", r.body),
+            }
         }
     }
 
-    /// The counter of `key` in `store`, or `None` when the key is missing (404).
+    /// The counter of `key` in `store`, or `None` when the key is missing (404); a 503 is
+    /// asked again as by [`Api::lookup`].
     pub async fn counter(&self, pipeline: &str, store: &str, key: &str) -> Result<Option<i64>> {
-        let r = self
-            .get(&format!(
-                "/api/v1/pipelines/{pipeline}/stores/{store}/keys/{key}"
-            ))
-            .await?;
-        match r.status {
-            404 => Ok(None),
-            200 => Ok(Some(
-                r.body["value_i64"].as_i64().context("value_i64 missing")?,
+        match self.lookup(pipeline, store, key).await? {
+            None => Ok(None),
+            Some(body) => Ok(Some(
+                body["value_i64"].as_i64().context("value_i64 missing")?,
             )),
-            s => bail!("lookup {key}: {s} {}", r.body),
         }
     }
 
