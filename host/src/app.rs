@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -96,6 +96,13 @@ pub struct Baton {
     pub(crate) catalog: Mutex<Catalog>,
     pub(crate) modules: RwLock<BTreeMap<String, Module>>,
     pub(crate) partitions: RwLock<BTreeMap<String, Arc<PartitionHandle>>>,
+    /// Held while partitions start and stop: two callers that find one partition not running
+    /// must not both start a loop for it.
+    pub(crate) assigning: Mutex<()>,
+    /// Set when the host shuts down: assignments start nothing more.
+    pub(crate) closing: AtomicBool,
+    /// Protocol steps where tests hold a thread to inject a fault.
+    pub(crate) steps: Arc<crate::steps::Steps>,
     /// Per pipeline running here: what its partitions share.
     pub(crate) runs: RwLock<BTreeMap<String, Arc<crate::partition::supervisor::PipelineRun>>>,
     /// Per pipeline: the module version its partitions should run.
@@ -217,6 +224,9 @@ impl Baton {
             catalog: Mutex::new(Catalog::default()),
             modules: RwLock::new(BTreeMap::new()),
             partitions: RwLock::new(BTreeMap::new()),
+            assigning: Mutex::new(()),
+            closing: AtomicBool::new(false),
+            steps: Default::default(),
             round_robin: AtomicU32::new(0),
             control: Mutex::new(()),
             creating: Mutex::new(Default::default()),
@@ -267,6 +277,11 @@ impl Baton {
         }
         tracing::info!(data_dir = %baton.config.data_dir.display(), "baton host open");
         Ok(baton)
+    }
+
+    /// The protocol steps where a test holds this host's threads to inject a fault.
+    pub fn steps(&self) -> &Arc<crate::steps::Steps> {
+        &self.steps
     }
 
     /// The host's settings.
@@ -451,12 +466,17 @@ impl Baton {
 
     /// Stops every partition at its next batch boundary and waits for them.
     pub fn shutdown(&self) {
-        let parts: Vec<_> = self.partitions.read().values().cloned().collect();
-        for p in &parts {
-            p.stop();
-        }
-        for p in &parts {
-            p.join();
+        {
+            // No assignment read meanwhile starts a partition again.
+            let _one_at_a_time = self.assigning.lock();
+            self.closing.store(true, Ordering::SeqCst);
+            let parts: Vec<_> = self.partitions.read().values().cloned().collect();
+            for p in &parts {
+                p.stop();
+            }
+            for p in &parts {
+                p.join();
+            }
         }
         // Committed and stopped: their next owners may start now.
         self.hand_off();

@@ -25,6 +25,7 @@ pub mod record;
 pub mod runtime;
 pub mod scaffold;
 pub mod state;
+pub mod steps;
 pub mod transport;
 
 pub use app::{Baton, HostConfig};

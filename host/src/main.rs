@@ -348,6 +348,7 @@ fn run(args: RunArgs, token: Option<String>) -> anyhow::Result<()> {
             settings,
             replication_factor: args.replication_factor.or(file.replication_factor),
             min_insync_replicas: args.min_insync_replicas.or(file.min_insync_replicas),
+            input_stall: None,
         });
     } else {
         anyhow::ensure!(args.kafka_config.is_empty(), "--kafka-config needs --kafka");

@@ -101,6 +101,8 @@ impl Baton {
                 .slots_for_key(key, record.spec.slots),
         };
         let mut found: Option<Lookup> = None;
+        // A partition that lacks the key but has not restored its state yet.
+        let mut restoring_without: Option<String> = None;
         for slot in slots {
             let entry = match self.resolver.owner(pipeline, slot) {
                 Owner::Remote { host, url } => {
@@ -111,10 +113,15 @@ impl Baton {
                 }
                 Owner::Local => {
                     let handle = self.local_owner(pipeline, slot)?;
+                    let ready = readiness(&handle)?;
                     let Some(value) = handle.db.get(store_id, &slot_key(slot, key))? else {
+                        if ready == Readiness::Restoring {
+                            // Missing here, perhaps only until the restore reaches it.
+                            restoring_without.get_or_insert(handle.id.clone());
+                        }
                         continue;
                     };
-                    self.entry(&handle, slot, key, value)
+                    self.entry(&handle, slot, key, value, ready)
                 }
             };
             let m = LookupMatch {
@@ -126,6 +133,13 @@ impl Baton {
                 value_i64: entry.value_i64,
             };
             found.get_or_insert(entry).matches.push(m);
+        }
+        if let (None, Some(partition)) = (&found, restoring_without) {
+            return Err(Error::Unavailable(format!(
+                "partition {partition} of `{pipeline}` is restoring its state: key `{}` may be \
+                 there once it has; ask again",
+                String::from_utf8_lossy(key)
+            )));
         }
         Ok(found)
     }
@@ -147,7 +161,14 @@ impl Baton {
             })
     }
 
-    fn entry(&self, handle: &PartitionHandle, slot: u32, key: &[u8], value: Vec<u8>) -> Lookup {
+    fn entry(
+        &self,
+        handle: &PartitionHandle,
+        slot: u32,
+        key: &[u8],
+        value: Vec<u8>,
+        ready: Readiness,
+    ) -> Lookup {
         use base64::Engine as _;
         Lookup {
             key: String::from_utf8_lossy(key).into_owned(),
@@ -159,7 +180,7 @@ impl Baton {
             slot,
             partition: handle.id.clone(),
             owner: self.host_id.clone(),
-            restoring: matches!(*handle.status.phase.lock(), Phase::Restoring),
+            restoring: ready == Readiness::Restoring,
             matches: Vec::new(),
         }
     }
@@ -240,7 +261,8 @@ impl Baton {
                 continue;
             }
             let handle = self.local_owner(pipeline, slot)?;
-            restoring |= matches!(*handle.status.phase.lock(), Phase::Restoring);
+            let ready = readiness(&handle)?;
+            restoring |= ready == Readiness::Restoring;
             let start = match &after {
                 Some(k) if slot == first_slot => {
                     let mut s = slot_key(slot, k);
@@ -257,7 +279,7 @@ impl Baton {
                 .db
                 .scan(store_id, &start, &end, limit - items.len())?
             {
-                items.push(self.entry(&handle, slot, &k[4..], v));
+                items.push(self.entry(&handle, slot, &k[4..], v, ready));
                 last = Some(format!("{slot}:{}", hex::encode(&k[4..])));
             }
         }
@@ -268,6 +290,35 @@ impl Baton {
             restoring,
         })
     }
+}
+
+/// How far a local partition's state can be trusted by a query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Readiness {
+    /// Its loop restored the state and ran: the state is current as of its last batch.
+    Current,
+    /// No session of its loop has restored the state yet: what the database holds may be
+    /// older than the changelogs (phases `starting` and `restoring`).
+    Restoring,
+}
+
+/// A partition's [`Readiness`], or a 503 when it has stopped here: drained for a move, its
+/// state is its next owner's to answer for.
+fn readiness(h: &PartitionHandle) -> Result<Readiness> {
+    if matches!(*h.status.phase.lock(), Phase::Stopped) {
+        return Err(Error::Unavailable(format!(
+            "partition {} of `{}` has stopped on this host (it is moving or stopping); ask \
+             again",
+            h.id, h.pipeline
+        )));
+    }
+    Ok(
+        if h.status.restored.load(std::sync::atomic::Ordering::Acquire) {
+            Readiness::Current
+        } else {
+            Readiness::Restoring
+        },
+    )
 }
 
 /// The smallest byte string greater than every string starting with `prefix`, or `None` when
@@ -299,12 +350,16 @@ fn store_id(record: &PipelineRecord, store: &str) -> Result<usize> {
         })
 }
 
+/// The header of a lookup's 404 that says the key is missing (and not the pipeline or the
+/// store): `baton-missing: key`.
+pub const MISSING_HEADER: &str = "baton-missing";
+
 /// How long a host waits for another to answer a lookup.
 const REMOTE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// GETs `path` (segments under the base URL `url`) with `query` from `host`, the owner of
-/// `slot` of `pipeline`: its JSON answer, `None` for a 404, and a 503 naming the host when it
-/// cannot answer. One HTTP client serves every such call, so connections are reused.
+/// `slot` of `pipeline`: its JSON answer, `None` for a 404 that says the key is missing, and a
+/// 503 naming the host when it cannot answer. One HTTP client serves every such call, so connections are reused.
 fn ask_owner<T: serde::de::DeserializeOwned>(
     (host, url): (&str, &str),
     pipeline: &str,
@@ -315,7 +370,7 @@ fn ask_owner<T: serde::de::DeserializeOwned>(
     static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
     let unavailable = |why: String| {
         Error::Unavailable(format!(
-            "host {host} ({url}) owns slot {slot} of `{pipeline}` and did not answer: {why}"
+            "host {host} ({url}) owns slot {slot} of `{pipeline}` and could not answer: {why}"
         ))
     };
     let mut u = reqwest::Url::parse(url).map_err(|e| unavailable(format!("bad address: {e}")))?;
@@ -332,7 +387,9 @@ fn ask_owner<T: serde::de::DeserializeOwned>(
             .await
             .map_err(|e| e.to_string())?;
         match r.status().as_u16() {
-            404 => Ok(None),
+            // Only a missing key is "not there": a 404 for the pipeline or the store means
+            // the owner has not read the control log that far.
+            404 if r.headers().get(MISSING_HEADER).is_some_and(|v| v == "key") => Ok(None),
             200 => r.json::<T>().await.map(Some).map_err(|e| e.to_string()),
             s => Err(format!("{s} {}", r.text().await.unwrap_or_default())),
         }
@@ -403,4 +460,59 @@ fn remote_scan(
             "host {host} ({url}) owns slot {slot} of `{pipeline}` and answered 404 to a scan"
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server on 127.0.0.1 answering `/gone` with a missing key's 404 and `/unknown` with a
+    /// 404 without the header (an owner that does not know the pipeline); its base URL.
+    fn owner() -> String {
+        use axum::http::StatusCode;
+        use axum::response::IntoResponse;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let app = axum::Router::new()
+                    .route(
+                        "/gone",
+                        axum::routing::get(|| async {
+                            (StatusCode::NOT_FOUND, [(MISSING_HEADER, "key")], "{}").into_response()
+                        }),
+                    )
+                    .route(
+                        "/unknown",
+                        axum::routing::get(|| async {
+                            (StatusCode::NOT_FOUND, "pipeline `p` does not exist").into_response()
+                        }),
+                    );
+                let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                tx.send(format!("http://{}", l.local_addr().unwrap()))
+                    .unwrap();
+                axum::serve(l, app).await.unwrap();
+            });
+        });
+        rx.recv().unwrap()
+    }
+
+    #[test]
+    fn only_a_missing_keys_404_from_the_owner_reads_as_no_such_key() {
+        let url = owner();
+        let got: Result<Option<serde_json::Value>> =
+            ask_owner(("h2", &url), "p", 3, &["gone"], &[]);
+        assert!(matches!(got, Ok(None)), "{got:?}");
+        let got: Result<Option<serde_json::Value>> =
+            ask_owner(("h2", &url), "p", 3, &["unknown"], &[]);
+        match got {
+            Err(Error::Unavailable(m)) => {
+                assert!(m.contains("h2") && m.contains("does not exist"), "{m}")
+            }
+            other => panic!("a 404 for the pipeline is not a missing key: {other:?}"),
+        }
+    }
 }

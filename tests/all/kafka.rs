@@ -560,6 +560,63 @@ async fn a_broker_restart_is_survived_with_exact_counts() -> anyhow::Result<()> 
     host.stop().await
 }
 
+/// An input consumer that stops delivering without an error (as librdkafka's assigned
+/// consumers have been seen to after a broker restart) is noticed: the session fails with a
+/// reason naming the slot, a new one makes new clients, and the counts stay exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_input_consumer_that_stops_delivering_is_made_again() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dir = tempfile::tempdir()?;
+    let host = InProcess::start_configured(dir.path(), Some(&kafka_bootstrap()), |c| {
+        if let Some(k) = c.kafka.as_mut() {
+            k.input_stall = Some(Duration::from_secs(2));
+        }
+    })
+    .await?;
+    let (name, input) = (unique("wc"), unique("words"));
+    host.api
+        .upload_plugin("word-count", "word-count", "1")
+        .await?;
+    host.api
+        .create_pipeline(json!({
+            "name": name, "module": "word-count", "version": "1", "inputs": [input],
+            "stores": ["counts"], "slots": 2, "partitions": 1
+        }))
+        .await?;
+    let producer = TestProducer::new()?;
+    let keys = words(4_000, 200, 31);
+    let recs: Vec<_> = keys.iter().map(|k| (k.clone(), "1".to_string())).collect();
+    producer.send(&input, 2, &recs[..2_000]).await?;
+    host.api
+        .wait_caught_up(&name, 2_000, Duration::from_secs(60))
+        .await?;
+
+    let stalled = host.baton.steps().inject(baton::steps::INPUT_STALL, None);
+    producer.send(&input, 2, &recs[2_000..]).await?;
+    let error = wait_for(
+        "the stalled consumer noticed",
+        Duration::from_secs(60),
+        || async {
+            let parts = host.api.partitions().await?;
+            Ok(parts
+                .iter()
+                .filter(|p| p["pipeline"] == name.as_str())
+                .find_map(|p| p["last_error"].as_str().map(str::to_string)))
+        },
+    )
+    .await?;
+    assert!(
+        error.contains("delivered nothing") && error.contains(&input),
+        "{error}"
+    );
+    drop(stalled);
+    host.api
+        .wait_caught_up(&name, 4_000, Duration::from_secs(60))
+        .await?;
+    assert_counts(&host.api, &name, &count(keys.iter().map(String::as_str))).await?;
+    host.stop().await
+}
+
 /// A new pipeline whose changelog topic already holds records (left by an earlier pipeline of
 /// the same name) is refused instead of starting from someone else's state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,6 +8,7 @@ mod contracts;
 mod dead_letters;
 mod expiry;
 mod faults;
+mod holds;
 mod http_errors;
 mod idle_offsets;
 mod kafka;

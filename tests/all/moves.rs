@@ -699,3 +699,102 @@ async fn a_move_to_a_host_over_its_disk_bound_is_abandoned_and_the_owner_goes_on
     a.stop().await?;
     Ok(())
 }
+
+/// The owner dies while the target warms its replica, and the partition fails over to that
+/// very target: the session it starts there is the only writer of the partition's database.
+/// The warming replica, held mid-read until the session runs, writes nothing more and its move
+/// is abandoned; counts stay exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_lost_mid_warm_up_leaves_its_target_one_writer() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dirs: Vec<_> = (0..2)
+        .map(|_| tempfile::tempdir())
+        .collect::<Result<_, _>>()?;
+    let cluster = cluster_name(dirs[0].path());
+    let a = baton_tests::child_member(dirs[0].path(), &cluster, "a").await?;
+    let b = member(dirs[1].path(), &cluster, "b").await?;
+    wait_alive(&a.api, 2).await?;
+    wait_alive(&b.api, 2).await?;
+    let input = baton_tests::unique("warm-in");
+    a.api.upload_plugin("word-count", "word-count", "1").await?;
+    a.api
+        .create_pipeline(json!({
+            "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
+            "stores": ["counts"], "slots": 2, "partitions": 1
+        }))
+        .await?;
+    // Both live and neither owning anything: a, the smaller id, owns it.
+    wait_for("wc-0 running on a", Duration::from_secs(60), || async {
+        let p = row(&b.api, "wc-0").await?;
+        Ok((p["owner"] == "a" && p["state"] == "running").then_some(()))
+    })
+    .await?;
+    let producer = baton_tests::TestProducer::new()?;
+    let keys = baton_tests::words(2_000, 100, 15);
+    let recs: Vec<(String, String)> = keys.iter().map(|k| (k.clone(), "x".into())).collect();
+    producer.send(&input, 2, &recs).await?;
+    b.api
+        .wait_caught_up("wc", 2_000, Duration::from_secs(60))
+        .await?;
+
+    let hold = b
+        .baton
+        .steps()
+        .hold(baton::steps::MOVE_WARMING, Some("wc-0"));
+    let r = b
+        .api
+        .post_json("/api/v1/partitions/wc-0/move", &json!({"to": "b"}))
+        .await?;
+    assert_eq!(r.status, 202, "{r:?}");
+    let id = r.body["move"].as_str().unwrap_or_default().to_string();
+    let (hold, reached) = tokio::task::spawn_blocking(move || {
+        let reached = hold.wait_reached(Duration::from_secs(60));
+        (hold, reached)
+    })
+    .await?;
+    assert!(reached, "the target never started warming");
+    // The owner dies mid-warm-up; the partition fails over to b, the move's own target.
+    a.kill9()?;
+    wait_for("wc-0 running on b", Duration::from_secs(90), || async {
+        let p = row(&b.api, "wc-0").await?;
+        Ok((p["owner"] == "b" && p["state"] == "running").then_some(()))
+    })
+    .await?;
+    let more = baton_tests::words(1_000, 100, 16);
+    let recs: Vec<(String, String)> = more.iter().map(|k| (k.clone(), "x".into())).collect();
+    producer.send(&input, 2, &recs).await?;
+    b.api
+        .wait_caught_up("wc", 3_000, Duration::from_secs(60))
+        .await?;
+    // The replica goes on from where it was held, behind the session.
+    hold.release();
+    let abandoned = wait_for("the move abandoned", Duration::from_secs(60), || async {
+        let p = row(&b.api, "wc-0").await?;
+        Ok(p["moves"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["id"] == id.as_str() && m["phase"] == "abandoned")
+            .cloned())
+    })
+    .await?;
+    assert!(
+        abandoned["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("a session of the partition started on this host"),
+        "{abandoned}"
+    );
+    let last = baton_tests::words(500, 100, 17);
+    let recs: Vec<(String, String)> = last.iter().map(|k| (k.clone(), "x".into())).collect();
+    producer.send(&input, 2, &recs).await?;
+    b.api
+        .wait_caught_up("wc", 3_500, Duration::from_secs(60))
+        .await?;
+    let want = baton_tests::count(keys.iter().chain(&more).chain(&last).map(String::as_str));
+    for (k, n) in &want {
+        assert_eq!(count_at(&b.api, k).await?, Some(*n), "count of {k}");
+    }
+    b.stop().await?;
+    Ok(())
+}

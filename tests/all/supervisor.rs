@@ -253,3 +253,73 @@ async fn partitions_follow_their_assignments() -> anyhow::Result<()> {
     assert_exact(api, &[sent, more].concat()).await?;
     host.stop().await
 }
+
+/// Threads of this process named `name` (Linux keeps the first 15 bytes of a thread's name).
+fn threads_named(name: &str) -> anyhow::Result<usize> {
+    let mut n = 0;
+    for task in std::fs::read_dir("/proc/self/task")? {
+        // A thread that ended between the listing and the read is not counted.
+        if let Ok(comm) = std::fs::read_to_string(task?.path().join("comm"))
+            && comm.trim_end() == name
+        {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// Assignments that arrive at once (the control log's follower, a move, an admin call) start
+/// one loop per partition, never two on one database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assignments_at_once_start_one_loop_per_partition() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let host = InProcess::start(dir.path()).await?;
+    let api = &host.api;
+    api.upload_plugin("word-count", "word-count", "1").await?;
+    // A name no other test's partitions share, for the threads' names.
+    api.create_pipeline(json!({
+        "name": "racy", "module": "word-count", "version": "1", "inputs": ["racy-in"],
+        "stores": ["counts"], "slots": 2, "partitions": 2
+    }))
+    .await?;
+    let record = host.baton.pipeline("racy")?;
+    let all = single_host_assignments(&record);
+    for round in 0..20 {
+        // racy-0 stops; then eight callers assign both partitions at once.
+        host.baton.assign("racy", &all[1..])?;
+        assert_eq!(threads_named("baton-racy-0")?, 0, "round {round}");
+        let baton = host.baton.clone();
+        let all = all.clone();
+        tokio::task::spawn_blocking(move || {
+            let start = Arc::new(std::sync::Barrier::new(8));
+            let callers: Vec<_> = (0..8)
+                .map(|_| {
+                    let (baton, all, start) = (baton.clone(), all.clone(), start.clone());
+                    std::thread::spawn(move || {
+                        start.wait();
+                        baton.assign("racy", &all)
+                    })
+                })
+                .collect();
+            for c in callers {
+                c.join().expect("an assign panicked")?;
+            }
+            anyhow::Ok(())
+        })
+        .await??;
+        assert_eq!(threads_named("baton-racy-0")?, 1, "round {round}");
+        assert_eq!(threads_named("baton-racy-1")?, 1, "round {round}");
+    }
+    // Both partitions still count exactly.
+    let keys = words(2_000, 100, 5);
+    let recs: Vec<_> = keys
+        .iter()
+        .map(|k| (k.clone(), Some("x".to_string())))
+        .collect();
+    api.produce("racy-in", &recs).await?;
+    api.wait_caught_up("racy", keys.len() as u64, Duration::from_secs(60))
+        .await?;
+    let want = baton_tests::count(keys.iter().map(String::as_str));
+    baton_tests::assert_counts(api, "racy", &want).await?;
+    host.stop().await
+}

@@ -56,6 +56,45 @@ pub struct Replica {
     pub role: Role,
     /// Changelog records not applied yet.
     pub behind: AtomicU64,
+    /// Held while the replica writes into the partition's database.
+    pub(crate) writing: parking_lot::Mutex<()>,
+    /// Set when a session of the partition starts here: a warming replica writes nothing
+    /// more into the database that session uses.
+    pub(crate) superseded: std::sync::atomic::AtomicBool,
+}
+
+impl Replica {
+    pub(crate) fn new(partition: &str, role: Role, behind: u64) -> Self {
+        Replica {
+            partition: partition.to_string(),
+            role,
+            behind: AtomicU64::new(behind),
+            writing: Default::default(),
+            superseded: Default::default(),
+        }
+    }
+
+    /// Applies what `tail` reads into `db`, unless a session of the partition started here.
+    fn poll(
+        &self,
+        tail: &mut Tail,
+        db: &crate::state::PartitionDb,
+        wait: Duration,
+    ) -> std::result::Result<(), String> {
+        let _writing = self.writing.lock();
+        if self.superseded.load(Ordering::Acquire) {
+            return Err("a session of the partition started on this host meanwhile".into());
+        }
+        tail.poll(db, wait)
+            .map(|_| ())
+            .map_err(|e| format!("applying the changelogs: {e:#}"))
+    }
+
+    /// Makes sure the replica writes nothing more: waits for a write under way to end.
+    pub(crate) fn supersede(&self) {
+        self.superseded.store(true, Ordering::Release);
+        drop(self.writing.lock());
+    }
 }
 
 /// The owner's answer to a drain: it stopped and committed.
@@ -279,11 +318,7 @@ impl Baton {
         let mut prepared = Prepared::new(&kafka, &record, &m.partition, slots.clone(), tail)
             .map_err(|e| format!("opening the partition's clients: {e:#}"))?;
         let tail = prepared.tail();
-        let replica = Arc::new(Replica {
-            partition: m.partition.clone(),
-            role: Role::Warming,
-            behind: AtomicU64::new(tail.behind()),
-        });
+        let replica = Arc::new(Replica::new(&m.partition, Role::Warming, tail.behind()));
         self.replicas
             .write()
             .insert(m.partition.clone(), replica.clone());
@@ -295,8 +330,8 @@ impl Baton {
             if !self.still_moving(m) {
                 return Err("abandoned while warming".into());
             }
-            tail.poll(&db, Duration::from_millis(50))
-                .map_err(|e| format!("applying the changelogs: {e:#}"))?;
+            self.steps.pass(crate::steps::MOVE_WARMING, &m.partition);
+            replica.poll(tail, &db, Duration::from_millis(50))?;
             if refreshed.elapsed() >= Duration::from_millis(200) || tail.caught_up() {
                 let behind = tail
                     .refresh()
@@ -349,8 +384,7 @@ impl Baton {
         tail.refresh()
             .map_err(|e| format!("reading the changelogs' ends: {e:#}"))?;
         while !tail.caught_up() {
-            tail.poll(&db, Duration::from_millis(2))
-                .map_err(|e| format!("applying the changelogs: {e:#}"))?;
+            replica.poll(tail, &db, Duration::from_millis(2))?;
             if Instant::now() > catch_up {
                 return Err("the final changelog records did not arrive within 30 s".into());
             }

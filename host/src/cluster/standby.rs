@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::app::Baton;
@@ -131,11 +131,7 @@ fn run_standby(
             let path = b.partition_path(pipeline, partition);
             let db = b.state.open_shared(&path, &record.spec.state_stores())?;
             let mut tail = Tail::open(&kafka, &record, slots[0]..slots[1], &db)?;
-            let replica = Arc::new(Replica {
-                partition: partition.to_string(),
-                role: Role::Standby,
-                behind: AtomicU64::new(tail.behind()),
-            });
+            let replica = Arc::new(Replica::new(partition, Role::Standby, tail.behind()));
             b.replicas
                 .write()
                 .insert(partition.to_string(), replica.clone());

@@ -84,12 +84,14 @@ impl From<tokio::task::JoinError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let message = if self.status.is_server_error() {
-            tracing::error!(status = self.status.as_u16(), "{}", self.message);
-            "internal error; see the host's log".to_string()
-        } else {
-            self.message
-        };
+        // An internal error's message is for the log; a 503 says what is not available yet.
+        let message =
+            if self.status.is_server_error() && self.status != StatusCode::SERVICE_UNAVAILABLE {
+                tracing::error!(status = self.status.as_u16(), "{}", self.message);
+                "internal error; see the host's log".to_string()
+            } else {
+                self.message
+            };
         let mut r = (
             self.status,
             Json(json!({ "error": message, "status": self.status.as_u16() })),

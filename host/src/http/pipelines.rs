@@ -9,7 +9,7 @@ use axum::{Json, Router};
 use super::{ApiError, AppState, blocking};
 use crate::control::{DeadLetterReplay, PipelineDeletion, PipelineSpec};
 use crate::error::Error;
-use crate::http::model::{Lookup, PipelineInfo, PipelinePatch, ScanPage, SwapResult, SwapStatus};
+use crate::http::model::{PipelineInfo, PipelinePatch, ScanPage, SwapResult, SwapStatus};
 use crate::partition::Event;
 
 pub(super) fn router() -> Router<AppState> {
@@ -139,15 +139,27 @@ async fn lookup(
     State(baton): State<AppState>,
     path: Result<Path<(String, String, String)>, PathRejection>,
     query: Result<axum::extract::Query<LookupQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<Lookup>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse as _;
     let Path((pipeline, store, key)) = path?;
     let axum::extract::Query(q) = query
         .map_err(|e| ApiError::from(e).with_hint("the only parameter is slot, a slot number"))?;
     let k = key.clone();
     let found = blocking(move || baton.lookup(&pipeline, &store, k.as_bytes(), q.slot)).await?;
-    found
-        .map(Json)
-        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("key `{key}` not found")))
+    Ok(match found {
+        Some(l) => Json(l).into_response(),
+        None => {
+            // The header tells a host that forwarded the query the key is missing, and not
+            // the pipeline or the store.
+            let mut r = ApiError::new(StatusCode::NOT_FOUND, format!("key `{key}` not found"))
+                .into_response();
+            r.headers_mut().insert(
+                crate::query::MISSING_HEADER,
+                axum::http::HeaderValue::from_static("key"),
+            );
+            r
+        }
+    })
 }
 
 /// The body of `PUT /api/v1/pipelines/{p}/module`.

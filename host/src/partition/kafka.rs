@@ -77,7 +77,19 @@ pub struct KafkaIo {
     warm: Option<super::tail::Tail>,
     /// Asked for the inputs' ends (for the lag); it never fetches.
     watermarks: InputConsumer,
+    /// Per input slot: the next offset when it last changed, and since when it has not.
+    stalls: HashMap<(usize, u32), (u64, Instant)>,
+    /// When records were last fetched: a loop away longer (committing while the broker was
+    /// down) starts the stall clocks again.
+    fetched_at: Instant,
+    /// When the stall clocks were last looked at.
+    stalls_checked: Instant,
+    /// The host's faults, and this partition's id, for [`crate::steps::INPUT_STALL`].
+    faults: Option<(Arc<crate::steps::Steps>, String)>,
 }
+
+/// How often a session looks for input slots that stalled.
+const STALL_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Clients made ready for a partition before its first session here (by a move's target while
 /// it warms up), so that the session does not wait for them: its consumer (coordinator found),
@@ -199,7 +211,65 @@ impl KafkaIo {
             inputs_checked: Instant::now(),
             warm,
             watermarks,
+            stalls: HashMap::new(),
+            fetched_at: Instant::now(),
+            stalls_checked: Instant::now(),
+            faults: None,
         })
+    }
+
+    /// With the host's faults injected as `id`'s.
+    pub fn with_faults(mut self, steps: Arc<crate::steps::Steps>, id: &str) -> Self {
+        self.faults = Some((steps, id.to_string()));
+        self
+    }
+
+    /// Fails the session when an input slot has had records to read and delivered none for
+    /// the configured stall time while the session fetched: a new session makes new clients.
+    fn check_stalls(&mut self, next: &[Vec<u64>]) -> anyhow::Result<()> {
+        let now = Instant::now();
+        if now.duration_since(self.fetched_at) > STALL_CHECK_INTERVAL {
+            self.stalls.clear();
+        }
+        self.fetched_at = now;
+        if now.duration_since(self.stalls_checked) < STALL_CHECK_INTERVAL {
+            return Ok(());
+        }
+        self.stalls_checked = now;
+        let limit = self
+            .transport
+            .config()
+            .input_stall
+            .unwrap_or(crate::transport::kafka::INPUT_STALL);
+        let inputs = self.pipeline.spec.inputs.len();
+        for (ti, row) in next.iter().enumerate().take(inputs) {
+            for (idx, &n) in row.iter().enumerate() {
+                let slot = self.slots.start + idx as u32;
+                let since = match self.stalls.get(&(ti, slot)) {
+                    Some(&(at, since)) if at == n => since,
+                    _ => {
+                        self.stalls.insert((ti, slot), (n, now));
+                        continue;
+                    }
+                };
+                let Some(&(end, _)) = self.ends.get(&(ti, slot)) else {
+                    continue;
+                };
+                if n >= end || now.duration_since(since) < limit {
+                    continue;
+                }
+                let topic = &self.sources.topics[ti];
+                // Past the end (transaction markers take offsets): nothing is left to read.
+                if self.consumer.position(topic, slot).is_none_or(|p| p < end) {
+                    anyhow::bail!(
+                        "input {topic}/{slot} delivered nothing for {}s at offset {n}, with \
+                         records up to {end} to read: the partition's clients are made again",
+                        limit.as_secs_f64()
+                    );
+                }
+            }
+        }
+        Ok(())
     }
 
     fn offsets(&self, batch: &Batch) -> Vec<(String, u32, u64)> {
@@ -393,7 +463,7 @@ impl PartitionIo for KafkaIo {
 
     fn fetch(
         &mut self,
-        _next: &[Vec<u64>],
+        next: &[Vec<u64>],
         max: usize,
         wait: Duration,
     ) -> anyhow::Result<Vec<(usize, u32, Vec<LogRecord>)>> {
@@ -401,6 +471,12 @@ impl PartitionIo for KafkaIo {
             self.inputs_checked = Instant::now();
             check_inputs(&self.transport, &self.pipeline)?;
         }
+        if let Some((steps, id)) = &self.faults
+            && steps.injected(crate::steps::INPUT_STALL, id)
+        {
+            self.consumer.pause_all()?;
+        }
+        self.check_stalls(next)?;
         let fetched = self.consumer.fetch(max, wait);
         let replay_row = self.sources.replay_row(self.pipeline.spec.inputs.len());
         let first_slot = self.slots.start;

@@ -202,6 +202,9 @@ pub struct PartitionStatus {
     pub first_fetch: Mutex<Option<Instant>>,
     /// Whether input records were waiting when its first session here began processing.
     pub waiting_at_start: AtomicBool,
+    /// Whether a session of this loop restored its state and ran: until then, what the
+    /// database holds may be older than the changelogs.
+    pub restored: AtomicBool,
     /// When each step of the first session's start ended (for a move's pause breakdown).
     pub steps: Mutex<Vec<(&'static str, Instant)>>,
 }
@@ -317,6 +320,8 @@ pub struct PartitionTask {
     /// requested before that session began happens at a batch boundary, with its report and
     /// probation, like any other.
     pub initial: Mutex<Option<Target>>,
+    /// The host's protocol steps, where a test can hold this partition.
+    pub steps: Arc<crate::steps::Steps>,
 }
 
 impl PartitionStatus {
@@ -341,6 +346,7 @@ impl PartitionStatus {
             first_call: Mutex::new(None),
             first_fetch: Mutex::new(None),
             waiting_at_start: AtomicBool::new(true),
+            restored: AtomicBool::new(false),
             steps: Mutex::new(Vec::new()),
         }
     }
@@ -771,11 +777,13 @@ impl PartitionTask {
         let mut io = (self.io)().map_err(SessionError::from_io)?;
         step("clients");
 
+        self.steps.pass(crate::steps::SESSION_RESTORE, &self.id);
         *self.status.phase.lock() = Phase::Restoring;
         let status = self.status.clone();
         io.restore(&self.db, &move |p| *status.restore.lock() = Some(p))
             .map_err(SessionError::Retry)?;
         step("restore");
+        self.steps.pass(crate::steps::SESSION_RESTORED, &self.id);
         // `init` ran before the restore and may have read (and cached) what the restore then
         // overwrote.
         inst.ctx().forget_cached_state();
@@ -790,6 +798,7 @@ impl PartitionTask {
             .store(waiting, Ordering::Relaxed);
         step("positions");
         *self.status.phase.lock() = Phase::Running;
+        self.status.restored.store(true, Ordering::Release);
         tracing::info!(slots = ?self.slots, "partition running");
 
         // `next`: where processing goes on; `committed`: what the last commit covered. Batches
@@ -881,6 +890,9 @@ impl PartitionTask {
                 self.inbox.done(self.status.progress.lock().clone());
             }
             if stopping {
+                // Nothing more is this loop's to answer for: queries go to the next owner.
+                *self.status.phase.lock() = Phase::Stopped;
+                self.steps.pass(crate::steps::STOPPING, &self.id);
                 break;
             }
             // Only at a commit boundary, where nothing is pending, can the module change under

@@ -40,6 +40,9 @@ pub struct PartitionHandle {
     pub db: Arc<PartitionDb>,
     /// Live status.
     pub status: Arc<PartitionStatus>,
+    /// The loop was told to stop (a stop, a drain or a fence): it ends without being started
+    /// again, whatever the assignments say meanwhile.
+    stopping: std::sync::atomic::AtomicBool,
     commands: Sender<Command>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -52,18 +55,26 @@ impl PartitionHandle {
 
     /// Asks the loop to commit what is pending and stop (without waiting: see [`Self::join`]).
     pub fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
         self.send(Command::Stop);
     }
 
     /// Asks the loop to stop at once, committing nothing more: another owner took over.
     pub fn fence(&self) {
+        self.stopping.store(true, Ordering::Release);
         self.send(Command::Fence);
     }
 
     /// Commits what is pending, stops, and answers with the offsets committed last (where the
     /// next owner resumes). `None` when no answer came within `timeout`.
     pub fn drain(&self, timeout: Duration) -> Option<Vec<SlotProgress>> {
+        self.stopping.store(true, Ordering::Release);
         self.ask(Command::Drain, timeout)
+    }
+
+    /// Whether the loop was told to stop, or has ended.
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire) || self.ended()
     }
 
     /// Commits what is pending now and goes on; answers with the offsets committed. `None`
@@ -171,6 +182,7 @@ impl Baton {
 
     /// Stops a pipeline's partitions here and forgets them.
     pub(crate) fn stop_pipeline(&self, name: &str) {
+        let _one_at_a_time = self.assigning.lock();
         let parts = self.pipeline_partitions(name);
         for p in &parts {
             p.stop();
@@ -283,7 +295,14 @@ impl Baton {
     /// Starts and stops this host's partitions of `pipeline` to match `assignments`: one not
     /// running starts; one running that is not assigned any more drains (commits, stops) and is
     /// forgotten; one running at an older epoch takes the new one.
+    ///
+    /// Calls are serialized: the control log's follower, a move and an admin call may assign
+    /// at once, and each must see what the one before it started.
     pub fn assign(&self, pipeline: &str, assignments: &[Assignment]) -> anyhow::Result<()> {
+        let _one_at_a_time = self.assigning.lock();
+        if self.closing.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         let run = self
             .runs
             .read()
@@ -323,12 +342,14 @@ impl Baton {
         for a in assignments {
             let running = self.partitions.read().get(&a.id).cloned();
             match running {
-                Some(h) if !h.ended() => {
+                Some(h) if !h.stopping() => {
                     h.epoch.fetch_max(a.epoch, Ordering::Relaxed);
                 }
                 // Drained for a move: held for its new owner.
                 Some(_) if self.held.lock().contains_key(&a.id) => {}
-                // Its loop ended (drained, fenced, or failed for good): a new one starts.
+                // Its loop ended or is ending (drained, fenced, or failed for good): a new one
+                // starts once it has. A move abandoned while the drained loop finishes lands
+                // here, and the partition runs again.
                 Some(h) => {
                     h.join();
                     self.partitions.write().remove(&h.id);
@@ -342,6 +363,13 @@ impl Baton {
 
     /// Starts one partition's loop on a thread of its own.
     fn start_partition(&self, run: &PipelineRun, a: &Assignment) -> anyhow::Result<()> {
+        // A move's warming replica of this partition here writes nothing more into the
+        // database the session is about to use (the owner died mid-move and the partition
+        // came here, say); its move is abandoned.
+        let replica = self.replicas.read().get(&a.id).cloned();
+        if let Some(r) = replica {
+            r.supersede();
+        }
         let record = &run.record;
         let spec = &record.spec;
         let (id, slots) = (a.id.clone(), a.slots.clone());
@@ -367,14 +395,18 @@ impl Baton {
                     let k = k.clone();
                     // Clients a move's target made ready while warming: for the first session.
                     let prepared = Mutex::new(self.prepared.lock().remove(&id));
+                    let steps = self.steps.clone();
                     Box::new(move || {
-                        Ok(Box::new(KafkaIo::open(
-                            k.clone(),
-                            pipeline.clone(),
-                            &id,
-                            slots.clone(),
-                            prepared.lock().take(),
-                        )?) as Box<dyn PartitionIo>)
+                        Ok(Box::new(
+                            KafkaIo::open(
+                                k.clone(),
+                                pipeline.clone(),
+                                &id,
+                                slots.clone(),
+                                prepared.lock().take(),
+                            )?
+                            .with_faults(steps.clone(), &id),
+                        ) as Box<dyn PartitionIo>)
                     })
                 }
                 (None, None) => anyhow::bail!("no transport"),
@@ -398,6 +430,7 @@ impl Baton {
             replays: run.replays.clone(),
             rejected: AtomicU64::new(0),
             initial: Mutex::new(Some(run.target.get())),
+            steps: self.steps.clone(),
             owns: {
                 let (me, id) = (self.me.clone(), id.clone());
                 Arc::new(move || me.upgrade().is_some_and(|b| b.owns(&id)))
@@ -413,6 +446,7 @@ impl Baton {
             epoch: AtomicU64::new(a.epoch),
             db,
             status,
+            stopping: Default::default(),
             commands,
             thread: Mutex::new(Some(thread)),
         };

@@ -36,7 +36,15 @@ pub struct KafkaConfig {
     /// `min.insync.replicas` of baton's own topics (`--min-insync-replicas`); `None` is
     /// `min(2, replication factor)`.
     pub min_insync_replicas: Option<u16>,
+    /// How long a partition's input slot may have records to read and deliver none before the
+    /// session reopens its clients; `None` is [`INPUT_STALL`].
+    pub input_stall: Option<Duration>,
 }
+
+/// How long an input slot may have records to read and deliver none, while its partition
+/// fetches, before the session reopens its clients: librdkafka's assigned consumers have been
+/// seen to stop fetching after a broker restart, without an error.
+pub const INPUT_STALL: Duration = Duration::from_secs(30);
 
 impl KafkaConfig {
     /// Settings for `bootstrap` with baton's defaults.
@@ -126,6 +134,7 @@ pub fn settling(code: RDKafkaErrorCode) -> bool {
             | C::FencedLeaderEpoch
             | C::UnknownLeaderEpoch
             | C::OffsetNotAvailable
+            | C::UnstableOffsetCommit
             | C::CoordinatorLoadInProgress
             | C::CoordinatorNotAvailable
             | C::NotCoordinator
@@ -1170,9 +1179,16 @@ impl InputConsumer {
         let got = settle(
             || format!("the group's committed offsets of {tps:?}"),
             SETTLE_FOR,
-            || {
-                self.consumer
-                    .committed_offsets(tpl.clone(), Duration::from_secs(30))
+            || -> Result<TopicPartitionList, RdError> {
+                let got = self
+                    .consumer
+                    .committed_offsets(tpl.clone(), Duration::from_secs(30))?;
+                // An error of one partition (its offset unstable while a transaction
+                // completes, say) is not "no offset": it is asked again like the call's own.
+                for e in got.elements() {
+                    e.error()?;
+                }
+                Ok(got)
             },
         )
         .map_err(|e| kerr("committed offsets", e))?;
@@ -1291,6 +1307,16 @@ impl InputConsumer {
         self.consumer
             .commit(&tpl, CommitMode::Async)
             .map_err(|e| kerr("commit offsets", e))
+    }
+
+    /// Stops fetching every topic partition assigned, without an error: the fault
+    /// [`crate::steps::INPUT_STALL`].
+    pub fn pause_all(&self) -> Result<(), TransportError> {
+        let assigned = self
+            .consumer
+            .assignment()
+            .map_err(|e| kerr("assignment", e))?;
+        self.consumer.pause(&assigned).map_err(|e| kerr("pause", e))
     }
 
     /// The position (next offset) of a topic partition, when known.
