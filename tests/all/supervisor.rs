@@ -254,20 +254,6 @@ async fn partitions_follow_their_assignments() -> anyhow::Result<()> {
     host.stop().await
 }
 
-/// Threads of this process named `name` (Linux keeps the first 15 bytes of a thread's name).
-fn threads_named(name: &str) -> anyhow::Result<usize> {
-    let mut n = 0;
-    for task in std::fs::read_dir("/proc/self/task")? {
-        // A thread that ended between the listing and the read is not counted.
-        if let Ok(comm) = std::fs::read_to_string(task?.path().join("comm"))
-            && comm.trim_end() == name
-        {
-            n += 1;
-        }
-    }
-    Ok(n)
-}
-
 /// Assignments that arrive at once (the control log's follower, a move, an admin call) start
 /// one loop per partition, never two on one database.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -287,7 +273,11 @@ async fn assignments_at_once_start_one_loop_per_partition() -> anyhow::Result<()
     for round in 0..20 {
         // racy-0 stops; then eight callers assign both partitions at once.
         host.baton.assign("racy", &all[1..])?;
-        assert_eq!(threads_named("baton-racy-0")?, 0, "round {round}");
+        assert_eq!(
+            baton_tests::threads_named("baton-racy-0")?,
+            0,
+            "round {round}"
+        );
         let baton = host.baton.clone();
         let all = all.clone();
         tokio::task::spawn_blocking(move || {
@@ -307,8 +297,22 @@ async fn assignments_at_once_start_one_loop_per_partition() -> anyhow::Result<()
             anyhow::Ok(())
         })
         .await??;
-        assert_eq!(threads_named("baton-racy-0")?, 1, "round {round}");
-        assert_eq!(threads_named("baton-racy-1")?, 1, "round {round}");
+        // A new thread takes its name itself, once it runs: wait for the new loop to run.
+        wait_for("racy-0 running again", Duration::from_secs(30), || async {
+            let running = handle(&host, "racy-0").status.phase.lock().clone() == Phase::Running;
+            Ok((running && baton_tests::threads_named("baton-racy-0")? > 0).then_some(()))
+        })
+        .await?;
+        assert_eq!(
+            baton_tests::threads_named("baton-racy-0")?,
+            1,
+            "round {round}"
+        );
+        assert_eq!(
+            baton_tests::threads_named("baton-racy-1")?,
+            1,
+            "round {round}"
+        );
     }
     // Both partitions still count exactly.
     let keys = words(2_000, 100, 5);
