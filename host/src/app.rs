@@ -47,6 +47,9 @@ pub struct HostConfig {
     /// On a clean stop, how long moving this host's partitions away (warm) may take before the
     /// rest stop and go cold (`--handoff-timeout`).
     pub handoff_timeout: std::time::Duration,
+    /// How long an owner holds a partition it drained for a move before it records the move
+    /// abandoned and resumes (unless the target took over first).
+    pub drained_hold: std::time::Duration,
     /// Kafka, or `None` for the embedded log.
     pub kafka: Option<KafkaConfig>,
     /// Name of the cluster: its control log is `<cluster>.control` and its module chunks
@@ -74,6 +77,7 @@ impl HostConfig {
             advertise: None,
             session_timeout: std::time::Duration::from_secs(10),
             handoff_timeout: std::time::Duration::from_secs(60),
+            drained_hold: crate::cluster::moves::DRAINED_HOLD,
             kafka: None,
             cluster: "baton".into(),
             native_modules: Vec::new(),
@@ -99,6 +103,9 @@ pub struct Baton {
     /// Held while partitions start and stop: two callers that find one partition not running
     /// must not both start a loop for it.
     pub(crate) assigning: Mutex<()>,
+    /// The catalog as the control log makes it, every record applied in log order (this
+    /// host's own appends too, once read back): what decides between two hosts' appends.
+    pub(crate) log_catalog: Arc<Mutex<Catalog>>,
     /// Set when the host shuts down: assignments start nothing more.
     pub(crate) closing: AtomicBool,
     /// Protocol steps where tests hold a thread to inject a fault.
@@ -200,8 +207,10 @@ impl Baton {
                 tracing::warn!("control-log snapshot: {e:#}");
             }
         }
-        // The follower keeps a catalog of its own applied strictly in log order, for snapshots.
+        // The follower keeps a catalog of its own applied strictly in log order: for snapshots,
+        // and for the decisions hosts must agree on, read back from the log.
         let shadow = catalog.clone();
+        let log_catalog = Arc::new(Mutex::new(catalog.clone()));
         let baton = Arc::new_cyclic(|me| Baton {
             me: me.clone(),
             resolver: if kafka.is_some() {
@@ -225,6 +234,7 @@ impl Baton {
             modules: RwLock::new(BTreeMap::new()),
             partitions: RwLock::new(BTreeMap::new()),
             assigning: Mutex::new(()),
+            log_catalog: log_catalog.clone(),
             closing: AtomicBool::new(false),
             steps: Default::default(),
             round_robin: AtomicU32::new(0),
@@ -271,7 +281,8 @@ impl Baton {
         if baton.kafka.is_some() {
             // Other hosts' changes, and the controller's assignments, from here on.
             let stop = baton.background_stop.clone();
-            let follower = baton.follow_control(control_end, shadow, stop.clone())?;
+            *log_catalog.lock() = shadow;
+            let follower = baton.follow_control(control_end, stop.clone())?;
             let controller = baton.run_controller(stop)?;
             baton.background.lock().extend([follower, controller]);
         }

@@ -29,6 +29,10 @@ pub const STOPPING: &str = "loop.stopping";
 /// replica (once per read while warming).
 pub const MOVE_WARMING: &str = "move.warming";
 
+/// A move target's step: the owner drained and the final changelog records are applied; the
+/// target is about to record its take-over.
+pub const MOVE_TAKE_OVER: &str = "move.take-over";
+
 /// A fault, not a hold: a partition's input consumer stops fetching (its topic partitions are
 /// paused), with no error, as librdkafka's consumers have been seen to after a broker restart.
 pub const INPUT_STALL: &str = "input.stall";

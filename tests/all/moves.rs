@@ -798,3 +798,144 @@ async fn an_owner_lost_mid_warm_up_leaves_its_target_one_writer() -> anyhow::Res
     b.stop().await?;
     Ok(())
 }
+
+/// The target takes over just as the owner gives up holding the drained partition: the
+/// control log's order decides, the same way on every host. Here the target is held before
+/// its take-over until the owner has recorded the move abandoned and resumed; the take-over,
+/// after the abandonment in the log, does not count. The owner stays the only writer, at its
+/// epoch, and counts stay exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_over_after_the_owner_resumed_does_not_count() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dirs: Vec<_> = (0..2)
+        .map(|_| tempfile::tempdir())
+        .collect::<Result<_, _>>()?;
+    let cluster = cluster_name(dirs[0].path());
+    let a = {
+        let cluster = cluster.clone();
+        InProcess::start_configured(dirs[0].path(), Some(&kafka_bootstrap()), move |c| {
+            c.cluster = cluster;
+            c.host_id = Some("a".into());
+            c.session_timeout = Duration::from_secs(6);
+            c.drained_hold = Duration::from_secs(2);
+        })
+        .await?
+    };
+    let b = member(dirs[1].path(), &cluster, "b").await?;
+    wait_alive(&a.api, 2).await?;
+    wait_alive(&b.api, 2).await?;
+    let input = baton_tests::unique("late-in");
+    a.api.upload_plugin("word-count", "word-count", "1").await?;
+    a.api
+        .create_pipeline(json!({
+            "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
+            "stores": ["counts"], "slots": 2, "partitions": 1
+        }))
+        .await?;
+    wait_for("wc-0 running on a", Duration::from_secs(60), || async {
+        let p = row(&a.api, "wc-0").await?;
+        Ok((p["owner"] == "a" && p["state"] == "running").then_some(()))
+    })
+    .await?;
+    let producer = baton_tests::TestProducer::new()?;
+    let send = |keys: &[String]| -> Vec<(String, String)> {
+        keys.iter().map(|k| (k.clone(), "x".into())).collect()
+    };
+    let first = baton_tests::words(2_000, 100, 25);
+    producer.send(&input, 2, &send(&first)).await?;
+    a.api
+        .wait_caught_up("wc", 2_000, Duration::from_secs(60))
+        .await?;
+
+    let hold = b
+        .baton
+        .steps()
+        .hold(baton::steps::MOVE_TAKE_OVER, Some("wc-0"));
+    let r = a
+        .api
+        .post_json("/api/v1/partitions/wc-0/move", &json!({"to": "b"}))
+        .await?;
+    assert_eq!(r.status, 202, "{r:?}");
+    let id = r.body["move"].as_str().unwrap_or_default().to_string();
+    let (hold, reached) = tokio::task::spawn_blocking(move || {
+        let reached = hold.wait_reached(Duration::from_secs(90));
+        (hold, reached)
+    })
+    .await?;
+    assert!(reached, "the target never came to its take-over");
+    // The owner drained, waited 2 s in vain, recorded the move abandoned and resumed.
+    let abandoned = wait_for(
+        "the owner to give up and resume",
+        Duration::from_secs(60),
+        || async {
+            let p = row(&a.api, "wc-0").await?;
+            let m = p["moves"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|m| m["id"] == id.as_str() && m["phase"] == "abandoned")
+                .cloned();
+            Ok(m.filter(|_| p["owner"] == "a" && p["state"] == "running"))
+        },
+    )
+    .await?;
+    assert!(
+        abandoned["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("nobody took the drained partition over"),
+        "{abandoned}"
+    );
+    let second = baton_tests::words(1_000, 100, 26);
+    producer.send(&input, 2, &send(&second)).await?;
+    a.api
+        .wait_caught_up("wc", 3_000, Duration::from_secs(60))
+        .await?;
+
+    // The target goes on: its take-over comes after the abandonment in the log.
+    hold.release();
+    wait_for(
+        "the target's move to end",
+        Duration::from_secs(60),
+        || async { Ok((baton_tests::threads_named("baton-move-wc-0")? == 0).then_some(())) },
+    )
+    .await?;
+    assert!(
+        b.baton.partition_handles().iter().all(|h| h.id != "wc-0"),
+        "the target runs the partition beside its owner"
+    );
+    for api in [&a.api, &b.api] {
+        let p = row(api, "wc-0").await?;
+        assert_eq!(
+            (p["owner"].clone(), p["epoch"].clone()),
+            (json!("a"), json!(1)),
+            "{p}"
+        );
+        let m = p["moves"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["id"] == id.as_str())
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(m["phase"], "abandoned", "{m}");
+    }
+    let third = baton_tests::words(500, 100, 27);
+    producer.send(&input, 2, &send(&third)).await?;
+    a.api
+        .wait_caught_up("wc", 3_500, Duration::from_secs(60))
+        .await?;
+    let want = baton_tests::count(
+        first
+            .iter()
+            .chain(&second)
+            .chain(&third)
+            .map(String::as_str),
+    );
+    for (k, n) in &want {
+        assert_eq!(count_at(&a.api, k).await?, Some(*n), "count of {k}");
+    }
+    b.stop().await?;
+    a.stop().await?;
+    Ok(())
+}

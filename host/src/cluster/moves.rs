@@ -16,7 +16,14 @@
 //!
 //! A move that fails (the target cannot warm up in time, the owner does not drain, a host
 //! leaves) is `abandoned` with a reason, and the owner carries on: it restarts a partition it
-//! drained when it reads the abandonment, or when [`DRAINED_HOLD`] passes without a new owner.
+//! drained when it reads the abandonment, or when [`DRAINED_HOLD`] passes without a new owner
+//! (it then records the abandonment itself).
+//!
+//! The take-over and an abandonment may race (the target takes over just as the owner gives
+//! up waiting). The control log's order decides, the same way on every host: a take-over
+//! (an assignment naming its move) counts only while its move is under way, and an
+//! abandonment that comes after the take-over reads as the move done. Each side acts on its
+//! own append only once it read it back, by the log-ordered catalog.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -39,7 +46,8 @@ pub const HANDOFF_LAG: u64 = 2_000;
 pub const WARMING_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long an owner waits for its partition's loop to drain.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
-/// How long an owner holds a drained partition for its new owner before it resumes it.
+/// How long an owner holds a drained partition for its new owner before it records the move
+/// abandoned (the default of `HostConfig::drained_hold`).
 pub const DRAINED_HOLD: Duration = Duration::from_secs(20);
 /// How long the new owner waits for its first guest call before it records the move done
 /// without a pause.
@@ -398,15 +406,40 @@ impl Baton {
             owner: self.host_id.clone(),
             epoch,
             at: now_ms(),
+            move_id: Some(m.id.clone()),
             ..assignment
         };
-        {
+        self.steps.pass(crate::steps::MOVE_TAKE_OVER, &m.partition);
+        let event = ControlEvent::Assigned(a.clone());
+        let at = {
             let _control = self.control.lock();
-            let event = ControlEvent::Assigned(a.clone());
             self.append_control(&event)
-                .map_err(|e| format!("recording the new owner: {e}"))?;
-            self.catalog.lock().apply(event);
+                .map_err(|e| format!("recording the new owner: {e}"))?
+        };
+        // The take-over takes effect when read back: the control log's order decides between
+        // it and an abandonment of the move (the owner's, after holding the partition in
+        // vain, or the controller's), the same way on every host.
+        let waited = Instant::now();
+        while !self.read_back(at, Duration::from_secs(5)) {
+            tracing::warn!(
+                partition = %m.partition, offset = at, secs = waited.elapsed().as_secs(),
+                "the take-over is not read back from the control log yet"
+            );
         }
+        let won = self
+            .log_catalog
+            .lock()
+            .assignments
+            .get(&m.partition)
+            .is_some_and(|x| x.owner == self.host_id && x.epoch == epoch);
+        if !won {
+            return Err(
+                "the move was abandoned before the take-over in the control log: the owner \
+                 goes on"
+                    .into(),
+            );
+        }
+        self.catalog.lock().apply(event);
         marks.push(("assigned", Instant::now()));
         self.prepared.lock().insert(m.partition.clone(), prepared);
         self.taking_over.lock().insert(m.partition.clone());
@@ -500,28 +533,22 @@ impl Baton {
         let committed = Instant::now();
         // Resumed if nobody takes it over in time. The loop's clients close meanwhile: the
         // final commit is done, and the new owner need not wait for them.
-        let (me, p, pipeline) = (
+        let (me, p, pipeline, id) = (
             self.me.clone(),
             partition.to_string(),
             handle.pipeline.clone(),
+            move_id.to_string(),
         );
+        let hold = self.config.drained_hold;
         let _ = std::thread::Builder::new()
             .name("baton-hold".into())
             .spawn(move || {
                 handle.join();
-                std::thread::sleep(DRAINED_HOLD);
+                std::thread::sleep(hold);
                 if let Some(b) = me.upgrade() {
-                    let expired = {
-                        let mut held = b.held.lock();
-                        let expired = held.get(&p).is_some_and(|t| t.elapsed() >= DRAINED_HOLD);
-                        if expired {
-                            held.remove(&p);
-                        }
-                        expired
-                    };
+                    let expired = b.held.lock().get(&p).is_some_and(|t| t.elapsed() >= hold);
                     if expired {
-                        tracing::warn!(partition = %p, "nobody took the drained partition over: resuming it");
-                        b.follow_assignments(&pipeline);
+                        b.resume_unless_taken_over(&p, &pipeline, &id);
                     }
                 }
             });
@@ -531,6 +558,69 @@ impl Baton {
             since_commit_us: committed.elapsed().as_micros() as u64,
             offsets,
         })
+    }
+
+    /// The owner's side when nobody took its drained partition over in time: it records the
+    /// move abandoned, and resumes the partition only if the control log has that abandonment
+    /// before any take-over (else the target owns it, and the partition is let go). Until
+    /// the abandonment is recorded the partition stays held.
+    fn resume_unless_taken_over(&self, partition: &str, pipeline: &str, move_id: &str) {
+        loop {
+            let m = self
+                .catalog
+                .lock()
+                .moves
+                .get(partition)
+                .and_then(|ms| ms.iter().find(|m| m.id == move_id))
+                .cloned();
+            let Some(m) = m.filter(|m| !m.phase.ended()) else {
+                break;
+            };
+            let event = ControlEvent::Move(MoveRecord {
+                phase: MovePhase::Abandoned,
+                reason: Some(format!(
+                    "nobody took the drained partition over within {}s",
+                    self.config.drained_hold.as_secs()
+                )),
+                pause_ms: None,
+                steps: Vec::new(),
+                at: now_ms(),
+                ..m
+            });
+            let appended = {
+                let _control = self.control.lock();
+                self.append_control(&event)
+            };
+            match appended {
+                Ok(at) => {
+                    while !self.read_back(at, Duration::from_secs(5)) {
+                        tracing::warn!(partition, "the abandonment is not read back yet");
+                    }
+                    self.catalog.lock().apply(event);
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(partition, "recording the move abandoned: {e}; again in 1 s");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+        }
+        let mine = self
+            .log_catalog
+            .lock()
+            .assignments
+            .get(partition)
+            .is_none_or(|a| a.owner == self.host_id);
+        self.held.lock().remove(partition);
+        if mine {
+            tracing::warn!(
+                partition,
+                "nobody took the drained partition over: resuming it"
+            );
+        } else {
+            tracing::info!(partition, "taken over before the abandonment: let go");
+        }
+        self.follow_assignments(pipeline);
     }
 
     /// Before a clean stop: moves every partition this host owns to the live hosts (the least

@@ -104,6 +104,7 @@ pub fn plan(
                     },
                     standbys,
                     at: now_ms(),
+                    move_id: None,
                 });
             }
         }
@@ -410,7 +411,7 @@ impl Baton {
         for a in plan(&pipelines, &current, &others) {
             let event = ControlEvent::Assigned(a.clone());
             match self.append_control(&event) {
-                Ok(()) => {
+                Ok(_) => {
                     tracing::info!(partition = %a.partition, to = %a.owner, "handed off");
                     self.catalog.lock().apply(event);
                 }

@@ -16,13 +16,12 @@ pub const ORIGIN: &str = "baton.origin";
 
 impl Baton {
     /// Tails the control log from `from` on a thread of its own until `stop` is set.
-    /// `shadow` is the catalog as the log's records before `from` make it; the follower applies
-    /// every record to it in log order (this host's own too), and the controller writes it as a
-    /// snapshot every `control_snapshot_every` records.
+    /// `log_catalog` starts as the catalog the log's records before `from` make; the follower
+    /// applies every record to it in log order (this host's own too), and the controller
+    /// writes it as a snapshot every `control_snapshot_every` records.
     pub(crate) fn follow_control(
         self: &Arc<Self>,
         from: u64,
-        mut shadow: crate::control::Catalog,
         stop: Arc<AtomicBool>,
     ) -> std::io::Result<std::thread::JoinHandle<()>> {
         let me = Arc::downgrade(self);
@@ -64,7 +63,7 @@ impl Baton {
                         match parse_event(&bytes) {
                             Ok(e) => {
                                 since_snapshot += 1;
-                                shadow.apply(e.clone());
+                                baton.log_catalog.lock().apply(e.clone());
                                 if !mine {
                                     baton.apply_followed(e);
                                 }
@@ -80,6 +79,7 @@ impl Baton {
                     if since_snapshot >= baton.config.control_snapshot_every.max(1)
                         && baton.is_controller()
                     {
+                        let shadow = baton.log_catalog.lock().clone();
                         match crate::control::log::write_snapshot(
                             baton.transport.as_ref(),
                             &topic,

@@ -24,7 +24,8 @@ impl Baton {
         self.control_faults.store(n, Ordering::SeqCst);
     }
 
-    pub(crate) fn append_control(&self, event: &ControlEvent) -> Result<()> {
+    /// Appends `event` to the control log; answers its offset.
+    pub(crate) fn append_control(&self, event: &ControlEvent) -> Result<u64> {
         if self
             .control_faults
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -46,7 +47,20 @@ impl Baton {
         };
         let at = self.transport.append(&self.control_topic, 0, &[record])?;
         self.appended_to.fetch_max(at + 1, Ordering::SeqCst);
-        Ok(())
+        Ok(at)
+    }
+
+    /// Waits until the control-log follower has applied the record at `offset` (to the
+    /// log-ordered catalog), for at most `timeout`; true when it has.
+    pub(crate) fn read_back(&self, offset: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while *self.control_offset.lock() <= offset {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        true
     }
 }
 

@@ -151,6 +151,11 @@ pub struct AssignmentRecord {
     pub standbys: Vec<String>,
     /// When (ms since the epoch).
     pub at: i64,
+    /// The move whose target took the partition over with this assignment. It takes effect
+    /// only if it comes before any abandonment of that move in the control log; an
+    /// abandonment that comes after it is read as the move done.
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "move")]
+    pub move_id: Option<String>,
 }
 
 /// A request to process dead letters again through the pipeline's current version.
@@ -290,6 +295,7 @@ mod tests {
                 epoch,
                 standbys: Vec::new(),
                 at: 0,
+                move_id: None,
             })
         };
         let orders = [
@@ -315,6 +321,76 @@ mod tests {
         c.apply(a("b", 1));
         c.apply(a("a", 1));
         assert_eq!(c.assignments["p-0"].owner, "a", "one epoch: the smaller id");
+    }
+
+    #[test]
+    fn a_take_over_and_an_abandonment_of_one_move_are_decided_by_their_order() {
+        let pipeline: PipelineRecord = serde_json::from_value(serde_json::json!({
+            "spec": {"name": "p", "module": "m", "version": "1", "inputs": ["in"],
+                     "slots": 2, "partitions": 1},
+            "sha256": "", "start_offsets": {}, "created_at": 0
+        }))
+        .unwrap();
+        let assigned = |owner: &str, epoch: u64, move_id: Option<&str>| {
+            ControlEvent::Assigned(AssignmentRecord {
+                pipeline: "p".into(),
+                partition: "p-0".into(),
+                slots: [0, 2],
+                owner: owner.into(),
+                epoch,
+                standbys: Vec::new(),
+                at: 0,
+                move_id: move_id.map(str::to_string),
+            })
+        };
+        let phase = |phase: MovePhase| {
+            ControlEvent::Move(MoveRecord {
+                id: "m1".into(),
+                pipeline: "p".into(),
+                partition: "p-0".into(),
+                from: "a".into(),
+                to: "b".into(),
+                phase,
+                pause_ms: None,
+                reason: (phase == MovePhase::Abandoned).then(|| "gave up".into()),
+                steps: Vec::new(),
+                at: 0,
+            })
+        };
+        let run = |events: Vec<ControlEvent>| {
+            let mut c = Catalog::default();
+            c.apply(ControlEvent::Pipeline(Box::new(pipeline.clone())));
+            c.apply(assigned("a", 1, None));
+            c.apply(phase(MovePhase::Warming));
+            c.apply(phase(MovePhase::Handoff));
+            for e in events {
+                c.apply(e);
+            }
+            let a = c.assignments["p-0"].clone();
+            let m = c.moves["p-0"][0].clone();
+            (a.owner, a.epoch, m.phase)
+        };
+        // The take-over first: the abandonment after it reads as the move done.
+        assert_eq!(
+            run(vec![
+                assigned("b", 2, Some("m1")),
+                phase(MovePhase::Abandoned)
+            ]),
+            ("b".into(), 2, MovePhase::Done)
+        );
+        // The abandonment first: the owner goes on, and the late take-over does not count.
+        assert_eq!(
+            run(vec![
+                phase(MovePhase::Abandoned),
+                assigned("b", 2, Some("m1"))
+            ]),
+            ("a".into(), 1, MovePhase::Abandoned)
+        );
+        // An assignment that names no move (the controller's failover) is not held back.
+        assert_eq!(
+            run(vec![phase(MovePhase::Abandoned), assigned("b", 2, None)]),
+            ("b".into(), 2, MovePhase::Abandoned)
+        );
     }
 
     #[test]
@@ -446,13 +522,29 @@ impl Catalog {
                             && a.owner == old.owner
                             && (a.at, &a.standbys) >= (old.at, &old.standbys))
                 });
-                if newer && self.pipelines.contains_key(&a.pipeline) {
+                // A take-over counts only while its move is under way: the owner resumes
+                // once it reads the move abandoned, and must stay the only writer.
+                let taken_over_in_time = a.move_id.as_ref().is_none_or(|id| {
+                    self.move_under_way(&a.partition)
+                        .is_some_and(|m| m.id == *id)
+                });
+                if newer && taken_over_in_time && self.pipelines.contains_key(&a.pipeline) {
                     self.assignments.insert(a.partition.clone(), a);
                 }
             }
-            ControlEvent::Move(m) => {
+            ControlEvent::Move(mut m) => {
                 if !self.pipelines.contains_key(&m.pipeline) {
                     return;
+                }
+                // Abandoned after its target's take-over came in the log: done.
+                if m.phase == MovePhase::Abandoned
+                    && self
+                        .assignments
+                        .get(&m.partition)
+                        .is_some_and(|a| a.move_id.as_deref() == Some(m.id.as_str()))
+                {
+                    m.phase = MovePhase::Done;
+                    m.reason = None;
                 }
                 let moves = self.moves.entry(m.partition.clone()).or_default();
                 match moves.iter_mut().find(|old| old.id == m.id) {

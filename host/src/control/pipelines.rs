@@ -150,7 +150,7 @@ impl Baton {
                 for a in self.initial_assignments(&record) {
                     let event = ControlEvent::Assigned(a);
                     match self.append_control(&event) {
-                        Ok(()) => self.catalog.lock().apply(event),
+                        Ok(_) => self.catalog.lock().apply(event),
                         // The controller assigns what is left unassigned.
                         Err(e) => tracing::warn!("assigning a new partition: {e}"),
                     }
