@@ -106,6 +106,8 @@ pub struct Baton {
     /// The catalog as the control log makes it, every record applied in log order (this
     /// host's own appends too, once read back): what decides between two hosts' appends.
     pub(crate) log_catalog: Arc<Mutex<Catalog>>,
+    /// Wakes the follower from its idle wait when an append is to be read back.
+    pub(crate) control_wake: Arc<crate::control::log::ControlWake>,
     /// Set when the host shuts down: assignments start nothing more.
     pub(crate) closing: AtomicBool,
     /// Protocol steps where tests hold a thread to inject a fault.
@@ -235,6 +237,7 @@ impl Baton {
             partitions: RwLock::new(BTreeMap::new()),
             assigning: Mutex::new(()),
             log_catalog: log_catalog.clone(),
+            control_wake: Default::default(),
             closing: AtomicBool::new(false),
             steps: Default::default(),
             round_robin: AtomicU32::new(0),

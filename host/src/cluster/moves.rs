@@ -192,6 +192,7 @@ impl Baton {
             reason: None,
             steps: Vec::new(),
             at: now_ms(),
+            taken_over: false,
         };
         let event = ControlEvent::Move(record.clone());
         self.append_control(&event)?;
@@ -246,16 +247,82 @@ impl Baton {
             reason,
             steps,
             at: now_ms(),
+            taken_over: false,
             ..m.clone()
         };
         let event = ControlEvent::Move(next.clone());
-        let _control = self.control.lock();
-        if let Err(e) = self.append_control(&event) {
-            tracing::warn!(move_id = %m.id, "recording the move's phase {phase:?}: {e}");
+        let appended = {
+            let _control = self.control.lock();
+            self.append_control(&event)
+        };
+        match appended {
+            // The end of a move takes effect when read back: after a take-over in the log, an
+            // abandonment is the move done.
+            Ok(at) if phase.ended() && self.read_back_until_stopped(at) => {
+                self.adopt_log_order(&m.partition)
+            }
+            Ok(_) => self.catalog.lock().apply(event),
+            Err(e) => {
+                tracing::warn!(move_id = %m.id, "recording the move's phase {phase:?}: {e}");
+                self.catalog.lock().apply(event);
+            }
         }
-        self.catalog.lock().apply(event);
-        drop(_control);
-        self.on_move(&next);
+        let effective = self
+            .catalog
+            .lock()
+            .moves
+            .get(&m.partition)
+            .and_then(|ms| ms.iter().find(|x| x.id == m.id))
+            .cloned()
+            .unwrap_or(next);
+        self.on_move(&effective);
+    }
+
+    /// Waits until the follower has read the control log past `offset` (waking it first);
+    /// false when the host stops first.
+    fn read_back_until_stopped(&self, offset: u64) -> bool {
+        self.wake_control_follower();
+        let waited = Instant::now();
+        while !self.read_back(offset, Duration::from_secs(5)) {
+            if self.background_stop.load(Ordering::Relaxed) {
+                return false;
+            }
+            tracing::warn!(
+                offset,
+                secs = waited.elapsed().as_secs(),
+                "an append is not read back from the control log yet"
+            );
+        }
+        true
+    }
+
+    /// Takes `partition`'s assignment and moves from the catalog applied in log order: after
+    /// this host read back its own append, its catalog says what every host's does.
+    fn adopt_log_order(&self, partition: &str) {
+        let (a, moves) = {
+            let log = self.log_catalog.lock();
+            (
+                log.assignments.get(partition).cloned(),
+                log.moves.get(partition).cloned(),
+            )
+        };
+        let mut c = self.catalog.lock();
+        match a {
+            Some(a) => {
+                c.assignments.insert(partition.to_string(), a);
+            }
+            None => {
+                c.assignments.remove(partition);
+            }
+        }
+        match moves {
+            Some(ms) => {
+                c.moves.insert(partition.to_string(), ms);
+            }
+            None => {
+                c.moves.remove(partition);
+            }
+        }
     }
 
     /// The target's side of a move, from warming to done or abandoned.
@@ -315,21 +382,31 @@ impl Baton {
         }
         let slots = assignment.slots[0]..assignment.slots[1];
         self.check_state_disk(&m.partition)?;
+        // Registered before it touches the database: a session of the partition that starts
+        // here from now on supersedes it.
+        let replica = Arc::new(Replica::new(&m.partition, Role::Warming, 0));
+        self.replicas
+            .write()
+            .insert(m.partition.clone(), replica.clone());
         let path = self.partition_path(&m.pipeline, &m.partition);
         let db = self
             .state
             .open_shared(&path, &record.spec.state_stores())
             .map_err(|e| format!("opening the partition's state here: {e}"))?;
-        let tail = Tail::open(&kafka, &record, slots.clone(), &db)
-            .map_err(|e| format!("reading the changelogs: {e:#}"))?;
-        // The session's clients, made ready now so that the take-over does not wait for them.
-        let mut prepared = Prepared::new(&kafka, &record, &m.partition, slots.clone(), tail)
-            .map_err(|e| format!("opening the partition's clients: {e:#}"))?;
+        let mut prepared = {
+            let _writing = replica.writing.lock();
+            if replica.superseded.load(Ordering::Acquire) {
+                return Err("a session of the partition started on this host meanwhile".into());
+            }
+            // Opening the reader may wipe a slot whose state is ahead of its changelog.
+            let tail = Tail::open(&kafka, &record, slots.clone(), &db)
+                .map_err(|e| format!("reading the changelogs: {e:#}"))?;
+            // The session's clients, made ready now so that the take-over does not wait.
+            Prepared::new(&kafka, &record, &m.partition, slots.clone(), tail)
+                .map_err(|e| format!("opening the partition's clients: {e:#}"))?
+        };
         let tail = prepared.tail();
-        let replica = Arc::new(Replica::new(&m.partition, Role::Warming, tail.behind()));
-        self.replicas
-            .write()
-            .insert(m.partition.clone(), replica.clone());
+        replica.behind.store(tail.behind(), Ordering::Relaxed);
 
         // Warming: keep up with the owner until close enough.
         let deadline = Instant::now() + WARMING_TIMEOUT;
@@ -383,23 +460,8 @@ impl Baton {
             .unwrap_or(answered);
         let mut marks: Vec<(&'static str, Instant)> = vec![("answered", answered)];
 
-        // The final commit's changelog records. Read before the take-over: once they are
-        // there, the owner's transaction is (nearly always) complete, and the new producer's
-        // `init_transactions` is not turned away while it completes (librdkafka would retry
-        // only 500 ms later).
-        let catch_up = Instant::now() + Duration::from_secs(30);
-        let tail = prepared.tail();
-        tail.refresh()
-            .map_err(|e| format!("reading the changelogs' ends: {e:#}"))?;
-        while !tail.caught_up() {
-            replica.poll(tail, &db, Duration::from_millis(2))?;
-            if Instant::now() > catch_up {
-                return Err("the final changelog records did not arrive within 30 s".into());
-            }
-        }
-        marks.push(("caught-up", Instant::now()));
-
-        // Take over, at the next epoch.
+        // Take over, at the next epoch. Appended first, so that the control log decides while
+        // the final changelog records are read.
         let current = self.catalog.lock().assignments.get(&m.partition).cloned();
         let epoch = current.map_or(assignment.epoch, |a| a.epoch.max(assignment.epoch)) + 1;
         let a = AssignmentRecord {
@@ -416,16 +478,39 @@ impl Baton {
             self.append_control(&event)
                 .map_err(|e| format!("recording the new owner: {e}"))?
         };
+        self.wake_control_follower();
+        marks.push(("assigned", Instant::now()));
+
+        // The final commit's changelog records. Read before the session starts: once they are
+        // there, the owner's transaction is (nearly always) complete, and the new producer's
+        // `init_transactions` is not turned away while it completes (librdkafka would retry
+        // only 500 ms later). Whatever is not read here, the session's restore reads.
+        let catch_up = Instant::now() + Duration::from_secs(30);
+        let tail = prepared.tail();
+        let caught_up = tail
+            .refresh()
+            .map_err(|e| format!("reading the changelogs' ends: {e:#}"))
+            .and_then(|_| {
+                while !tail.caught_up() {
+                    replica.poll(tail, &db, Duration::from_millis(2))?;
+                    if Instant::now() > catch_up {
+                        return Err("the final changelog records did not arrive within 30 s".into());
+                    }
+                }
+                Ok(())
+            });
+        if let Err(e) = caught_up {
+            tracing::warn!(partition = %m.partition, "before the take-over: {e}; the restore reads the rest");
+        }
+        marks.push(("caught-up", Instant::now()));
+
         // The take-over takes effect when read back: the control log's order decides between
         // it and an abandonment of the move (the owner's, after holding the partition in
         // vain, or the controller's), the same way on every host.
-        let waited = Instant::now();
-        while !self.read_back(at, Duration::from_secs(5)) {
-            tracing::warn!(
-                partition = %m.partition, offset = at, secs = waited.elapsed().as_secs(),
-                "the take-over is not read back from the control log yet"
-            );
+        if !self.read_back_until_stopped(at) {
+            return Err("the host stops".into());
         }
+        self.adopt_log_order(&m.partition);
         let won = self
             .log_catalog
             .lock()
@@ -439,8 +524,7 @@ impl Baton {
                     .into(),
             );
         }
-        self.catalog.lock().apply(event);
-        marks.push(("assigned", Instant::now()));
+        marks.push(("read-back", Instant::now()));
         self.prepared.lock().insert(m.partition.clone(), prepared);
         self.taking_over.lock().insert(m.partition.clone());
         self.follow_assignments(&m.pipeline);
@@ -585,6 +669,7 @@ impl Baton {
                 pause_ms: None,
                 steps: Vec::new(),
                 at: now_ms(),
+                taken_over: false,
                 ..m
             });
             let appended = {
@@ -593,13 +678,16 @@ impl Baton {
             };
             match appended {
                 Ok(at) => {
-                    while !self.read_back(at, Duration::from_secs(5)) {
-                        tracing::warn!(partition, "the abandonment is not read back yet");
+                    if !self.read_back_until_stopped(at) {
+                        return;
                     }
-                    self.catalog.lock().apply(event);
+                    self.adopt_log_order(partition);
                     break;
                 }
                 Err(e) => {
+                    if self.background_stop.load(Ordering::Relaxed) {
+                        return;
+                    }
                     tracing::warn!(partition, "recording the move abandoned: {e}; again in 1 s");
                     std::thread::sleep(Duration::from_secs(1));
                 }

@@ -26,6 +26,7 @@ impl Baton {
     ) -> std::io::Result<std::thread::JoinHandle<()>> {
         let me = Arc::downgrade(self);
         let topic = self.control_topic.clone();
+        let wake = self.control_wake.clone();
         std::thread::Builder::new()
             .name("baton-control".into())
             .spawn(move || {
@@ -49,7 +50,7 @@ impl Baton {
                             *baton.control_offset.lock() = offset;
                         }
                         drop(baton);
-                        std::thread::sleep(Duration::from_millis(50));
+                        wake.wait(Duration::from_millis(50));
                         continue;
                     }
                     for r in records {

@@ -50,6 +50,12 @@ impl Baton {
         Ok(at)
     }
 
+    /// Has the control-log follower read the log now instead of after its idle wait: an
+    /// append is about to be read back.
+    pub(crate) fn wake_control_follower(&self) {
+        self.control_wake.wake();
+    }
+
     /// Waits until the control-log follower has applied the record at `offset` (to the
     /// log-ordered catalog), for at most `timeout`; true when it has.
     pub(crate) fn read_back(&self, offset: u64, timeout: Duration) -> bool {
@@ -365,5 +371,28 @@ mod tests {
         Transport::append(&t, "c.snapshots", 0, &[junk]).unwrap();
         let (_, stats) = replay_control(&t, "c", stall).unwrap();
         assert_eq!((stats.from, stats.replayed), (0, 1507));
+    }
+}
+
+/// Wakes the control-log follower from its idle wait.
+#[derive(Default)]
+pub(crate) struct ControlWake {
+    woken: parking_lot::Mutex<bool>,
+    changed: parking_lot::Condvar,
+}
+
+impl ControlWake {
+    pub(crate) fn wake(&self) {
+        *self.woken.lock() = true;
+        self.changed.notify_all();
+    }
+
+    /// Waits until woken or `timeout` passed.
+    pub(crate) fn wait(&self, timeout: Duration) {
+        let mut woken = self.woken.lock();
+        if !*woken {
+            let _ = self.changed.wait_for(&mut woken, timeout);
+        }
+        *woken = false;
     }
 }

@@ -113,6 +113,10 @@ pub struct MoveRecord {
     pub steps: Vec<MoveStep>,
     /// When the phase was reached (ms since the Unix epoch).
     pub at: i64,
+    /// The target's take-over came in the control log while the move was under way: an
+    /// abandonment after it reads as the move done. Set by the catalog, never appended.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub taken_over: bool,
 }
 
 /// One step of a move's pause.
@@ -355,6 +359,7 @@ mod tests {
                 reason: (phase == MovePhase::Abandoned).then(|| "gave up".into()),
                 steps: Vec::new(),
                 at: 0,
+                taken_over: false,
             })
         };
         let run = |events: Vec<ControlEvent>| {
@@ -385,6 +390,16 @@ mod tests {
                 assigned("b", 2, Some("m1"))
             ]),
             ("a".into(), 1, MovePhase::Abandoned)
+        );
+        // A standby rewrite of the take-over's assignment (same owner and epoch, no move
+        // named) does not make a later abandonment count.
+        assert_eq!(
+            run(vec![
+                assigned("b", 2, Some("m1")),
+                assigned("b", 2, None),
+                phase(MovePhase::Abandoned)
+            ]),
+            ("b".into(), 2, MovePhase::Done)
         );
         // An assignment that names no move (the controller's failover) is not held back.
         assert_eq!(
@@ -529,6 +544,14 @@ impl Catalog {
                         .is_some_and(|m| m.id == *id)
                 });
                 if newer && taken_over_in_time && self.pipelines.contains_key(&a.pipeline) {
+                    if let Some(id) = &a.move_id
+                        && let Some(m) = self
+                            .moves
+                            .get_mut(&a.partition)
+                            .and_then(|ms| ms.iter_mut().find(|m| m.id == *id))
+                    {
+                        m.taken_over = true;
+                    }
                     self.assignments.insert(a.partition.clone(), a);
                 }
             }
@@ -536,17 +559,14 @@ impl Catalog {
                 if !self.pipelines.contains_key(&m.pipeline) {
                     return;
                 }
+                let moves = self.moves.entry(m.partition.clone()).or_default();
+                let known = moves.iter().find(|old| old.id == m.id);
+                m.taken_over = known.is_some_and(|old| old.taken_over);
                 // Abandoned after its target's take-over came in the log: done.
-                if m.phase == MovePhase::Abandoned
-                    && self
-                        .assignments
-                        .get(&m.partition)
-                        .is_some_and(|a| a.move_id.as_deref() == Some(m.id.as_str()))
-                {
+                if m.phase == MovePhase::Abandoned && m.taken_over {
                     m.phase = MovePhase::Done;
                     m.reason = None;
                 }
-                let moves = self.moves.entry(m.partition.clone()).or_default();
                 match moves.iter_mut().find(|old| old.id == m.id) {
                     // A phase never goes back, and an ended move stays ended.
                     Some(old) if !old.phase.ended() && m.phase > old.phase => *old = m,

@@ -225,7 +225,8 @@ impl KafkaIo {
     }
 
     /// Fails the session when an input slot has had records to read and delivered none for
-    /// the configured stall time while the session fetched: a new session makes new clients.
+    /// the configured stall time while the session fetched, and no fetch came back full (a
+    /// backlog of other slots in the shared prefetch queue): a new session makes new clients.
     fn check_stalls(&mut self, next: &[Vec<u64>]) -> anyhow::Result<()> {
         let now = Instant::now();
         if now.duration_since(self.fetched_at) > STALL_CHECK_INTERVAL {
@@ -478,6 +479,11 @@ impl PartitionIo for KafkaIo {
         }
         self.check_stalls(next)?;
         let fetched = self.consumer.fetch(max, wait);
+        // A full batch: the slots share one prefetch queue, and one slot's backlog may hold
+        // another's records back; only a consumer with nothing more to give stalls.
+        if fetched.iter().map(|f| f.records.len()).sum::<usize>() >= max {
+            self.stalls.clear();
+        }
         let replay_row = self.sources.replay_row(self.pipeline.spec.inputs.len());
         let first_slot = self.slots.start;
         Ok(fetched

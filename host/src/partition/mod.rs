@@ -887,11 +887,14 @@ impl PartitionTask {
             if stopping || checkpoint {
                 // Everything is committed now.
                 self.update_progress(io, committed);
+                if stopping {
+                    // Nothing more is this loop's to answer for: queries go to the next
+                    // owner. Set before the answer, which the next owner acts on.
+                    *self.status.phase.lock() = Phase::Stopped;
+                }
                 self.inbox.done(self.status.progress.lock().clone());
             }
             if stopping {
-                // Nothing more is this loop's to answer for: queries go to the next owner.
-                *self.status.phase.lock() = Phase::Stopped;
                 self.steps.pass(crate::steps::STOPPING, &self.id);
                 break;
             }
