@@ -1239,3 +1239,25 @@ pub fn threads_named(name: &str) -> anyhow::Result<usize> {
     }
     Ok(n)
 }
+
+/// An embedded host on `dir` running word-count as pipeline `name` on input `{name}-in`, with
+/// `slots` slots in `partitions` partitions.
+pub async fn word_count_host(
+    dir: &Path,
+    name: &str,
+    slots: u32,
+    partitions: u32,
+) -> Result<InProcess> {
+    let host = InProcess::start(dir).await?;
+    host.api
+        .upload_plugin("word-count", "word-count", "1")
+        .await?;
+    host.api
+        .create_pipeline(serde_json::json!({
+            "name": name, "module": "word-count", "version": "1",
+            "inputs": [format!("{name}-in")], "stores": ["counts"], "slots": slots,
+            "partitions": partitions
+        }))
+        .await?;
+    Ok(host)
+}

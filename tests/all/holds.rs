@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use baton::partition::supervisor::single_host_assignments;
 use baton::steps;
-use baton_tests::{InProcess, wait_for, words};
+use baton_tests::{InProcess, wait_for, word_count_host, words};
 use serde_json::json;
 
 /// A lookup's status and body.
@@ -24,14 +24,8 @@ async fn ask(host: &InProcess, key: &str) -> anyhow::Result<(u16, serde_json::Va
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queries_say_when_state_is_not_restored_yet_or_has_moved_on() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let host = InProcess::start(dir.path()).await?;
+    let host = word_count_host(dir.path(), "held", 2, 1).await?;
     let api = &host.api;
-    api.upload_plugin("word-count", "word-count", "1").await?;
-    api.create_pipeline(json!({
-        "name": "held", "module": "word-count", "version": "1", "inputs": ["held-in"],
-        "stores": ["counts"], "slots": 2, "partitions": 1
-    }))
-    .await?;
     let keys = words(500, 20, 3);
     let recs: Vec<_> = keys
         .iter()
@@ -127,14 +121,8 @@ async fn queries_say_when_state_is_not_restored_yet_or_has_moved_on() -> anyhow:
 async fn an_assignment_followed_while_a_drained_loop_finishes_runs_the_partition_again()
 -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let host = InProcess::start(dir.path()).await?;
+    let host = word_count_host(dir.path(), "drained", 2, 1).await?;
     let api = &host.api;
-    api.upload_plugin("word-count", "word-count", "1").await?;
-    api.create_pipeline(json!({
-        "name": "drained", "module": "word-count", "version": "1", "inputs": ["drained-in"],
-        "stores": ["counts"], "slots": 2, "partitions": 1
-    }))
-    .await?;
     let first = words(300, 20, 7);
     let recs = |keys: &[String]| -> Vec<(String, Option<String>)> {
         keys.iter()

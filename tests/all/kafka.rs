@@ -165,7 +165,17 @@ async fn word_count_on_kafka(
     slots: u32,
     partitions: u32,
 ) -> anyhow::Result<(InProcess, String, String)> {
-    let host = InProcess::start_with(dir, Some(&kafka_bootstrap())).await?;
+    word_count_on_kafka_configured(dir, slots, partitions, |_| {}).await
+}
+
+/// Like [`word_count_on_kafka`], with a last word on the host's config.
+async fn word_count_on_kafka_configured(
+    dir: &std::path::Path,
+    slots: u32,
+    partitions: u32,
+    configure: impl FnOnce(&mut baton::HostConfig),
+) -> anyhow::Result<(InProcess, String, String)> {
+    let host = InProcess::start_configured(dir, Some(&kafka_bootstrap()), configure).await?;
     let (name, input) = (unique("wc"), unique("words"));
     host.api
         .upload_plugin("word-count", "word-count", "1")
@@ -567,22 +577,12 @@ async fn a_broker_restart_is_survived_with_exact_counts() -> anyhow::Result<()> 
 async fn an_input_consumer_that_stops_delivering_is_made_again() -> anyhow::Result<()> {
     let _k = kafka_lock().await;
     let dir = tempfile::tempdir()?;
-    let host = InProcess::start_configured(dir.path(), Some(&kafka_bootstrap()), |c| {
+    let (host, name, input) = word_count_on_kafka_configured(dir.path(), 2, 1, |c| {
         if let Some(k) = c.kafka.as_mut() {
             k.input_stall = Some(Duration::from_secs(2));
         }
     })
     .await?;
-    let (name, input) = (unique("wc"), unique("words"));
-    host.api
-        .upload_plugin("word-count", "word-count", "1")
-        .await?;
-    host.api
-        .create_pipeline(json!({
-            "name": name, "module": "word-count", "version": "1", "inputs": [input],
-            "stores": ["counts"], "slots": 2, "partitions": 1
-        }))
-        .await?;
     let producer = TestProducer::new()?;
     let keys = words(4_000, 200, 31);
     let recs: Vec<_> = keys.iter().map(|k| (k.clone(), "1".to_string())).collect();

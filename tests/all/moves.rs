@@ -26,6 +26,98 @@ async fn row(api: &baton_tests::Api, id: &str) -> anyhow::Result<Value> {
         .ok_or_else(|| anyhow::anyhow!("no partition {id}"))
 }
 
+/// Asks `api` to move wc-0 to `to`; the move's id.
+async fn move_wc0(api: &baton_tests::Api, to: &str) -> anyhow::Result<String> {
+    let r = api
+        .post_json("/api/v1/partitions/wc-0/move", &json!({"to": to}))
+        .await?;
+    assert_eq!(r.status, 202, "{r:?}");
+    Ok(r.body["move"].as_str().unwrap_or_default().to_string())
+}
+
+/// Move `id` of wc-0 as `api` shows it, once it is abandoned, with a reason saying `why`.
+async fn wait_abandoned(api: &baton_tests::Api, id: &str, why: &str) -> anyhow::Result<Value> {
+    let abandoned = wait_for("the move abandoned", Duration::from_secs(60), || async {
+        let p = row(api, "wc-0").await?;
+        Ok(p["moves"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["id"] == id && m["phase"] == "abandoned")
+            .cloned())
+    })
+    .await?;
+    assert!(
+        abandoned["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(why),
+        "{abandoned}"
+    );
+    Ok(abandoned)
+}
+
+/// Keyed records of `keys`, for a [`baton_tests::TestProducer`].
+fn records(keys: &[String]) -> Vec<(String, String)> {
+    keys.iter().map(|k| (k.clone(), "x".into())).collect()
+}
+
+/// Every key of `sent` counted exactly as `api` answers.
+async fn assert_counted(api: &baton_tests::Api, sent: &[&[String]]) -> anyhow::Result<()> {
+    let want = baton_tests::count(sent.iter().flat_map(|s| s.iter()).map(String::as_str));
+    for (k, n) in &want {
+        assert_eq!(count_at(api, k).await?, Some(*n), "count of {k}");
+    }
+    Ok(())
+}
+
+/// Pipeline wc (one partition of two slots) on `input`, created through `a` once both hosts
+/// see each other; waits until host a runs wc-0 and has counted `keys`, sent to `input`.
+async fn wc_on_a(
+    a: &baton_tests::Api,
+    b: &baton_tests::Api,
+    input: &str,
+    keys: &[String],
+) -> anyhow::Result<()> {
+    wait_alive(a, 2).await?;
+    wait_alive(b, 2).await?;
+    a.upload_plugin("word-count", "word-count", "1").await?;
+    a.create_pipeline(json!({
+        "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
+        "stores": ["counts"], "slots": 2, "partitions": 1
+    }))
+    .await?;
+    // Both live and neither owning anything: a, the smaller id, owns it.
+    wait_for("wc-0 running on a", Duration::from_secs(60), || async {
+        let p = row(a, "wc-0").await?;
+        Ok((p["owner"] == "a" && p["state"] == "running").then_some(()))
+    })
+    .await?;
+    baton_tests::TestProducer::new()?
+        .send(input, 2, &records(keys))
+        .await?;
+    a.wait_caught_up("wc", keys.len() as u64, Duration::from_secs(60))
+        .await
+}
+
+/// Holds `target` at `step` of wc-0, asks `api` to move wc-0 there, and waits until the
+/// target's move thread is held: the hold and the move's id.
+async fn move_held_at(
+    api: &baton_tests::Api,
+    target: &InProcess,
+    step: &str,
+) -> anyhow::Result<(baton::steps::Hold, String)> {
+    let hold = target.baton.steps().hold(step, Some("wc-0"));
+    let id = move_wc0(api, "b").await?;
+    let (hold, reached) = tokio::task::spawn_blocking(move || {
+        let reached = hold.wait_reached(Duration::from_secs(90));
+        (hold, reached)
+    })
+    .await?;
+    assert!(reached, "the target never came to {step}");
+    Ok((hold, id))
+}
+
 /// The ids of the partitions `host` owns and runs, as `api` shows them.
 async fn running_on(api: &baton_tests::Api, host: &str) -> anyhow::Result<Vec<String>> {
     Ok(api
@@ -657,44 +749,18 @@ async fn a_move_to_a_host_over_its_disk_bound_is_abandoned_and_the_owner_goes_on
     // Created on a, with both hosts live and neither owning anything: a owns it (ties go to
     // the smaller id). Any replica of it breaks b's 1-byte bound: the move is abandoned, by name.
     assert_eq!(owner, "a");
-    let target = "b";
-    let r = a
-        .api
-        .post_json("/api/v1/partitions/wc-0/move", &json!({"to": target}))
-        .await?;
-    assert_eq!(r.status, 202, "{r:?}");
-    let id = r.body["move"].as_str().unwrap_or_default().to_string();
-    let abandoned = wait_for("the move abandoned", Duration::from_secs(60), || async {
-        let p = row(&a.api, "wc-0").await?;
-        Ok(p["moves"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|m| m["id"] == id.as_str() && m["phase"] == "abandoned")
-            .cloned())
-    })
-    .await?;
-    assert!(
-        abandoned["reason"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("--state-disk"),
-        "{abandoned}"
-    );
+    let id = move_wc0(&a.api, "b").await?;
+    wait_abandoned(&a.api, &id, "--state-disk").await?;
     // The owner goes on: the partition stays on a at its epoch, and new records count.
     let more = baton_tests::words(500, 100, 6);
-    let recs: Vec<(String, String)> = more.iter().map(|k| (k.clone(), "x".into())).collect();
-    producer.send(&input, 2, &recs).await?;
+    producer.send(&input, 2, &records(&more)).await?;
     a.api
         .wait_caught_up("wc", 2_500, Duration::from_secs(60))
         .await?;
     let p = row(&a.api, "wc-0").await?;
     assert_eq!(p["owner"], "a", "{p}");
     assert_eq!(p["epoch"], 1, "{p}");
-    let want = baton_tests::count(keys.iter().chain(&more).map(String::as_str));
-    for (k, n) in &want {
-        assert_eq!(count_at(&a.api, k).await?, Some(*n), "count of {k}");
-    }
+    assert_counted(&a.api, &[&keys, &more]).await?;
     b.stop().await?;
     a.stop().await?;
     Ok(())
@@ -713,46 +779,11 @@ async fn an_owner_lost_mid_warm_up_leaves_its_target_one_writer() -> anyhow::Res
     let cluster = cluster_name(dirs[0].path());
     let a = baton_tests::child_member(dirs[0].path(), &cluster, "a").await?;
     let b = member(dirs[1].path(), &cluster, "b").await?;
-    wait_alive(&a.api, 2).await?;
-    wait_alive(&b.api, 2).await?;
     let input = baton_tests::unique("warm-in");
-    a.api.upload_plugin("word-count", "word-count", "1").await?;
-    a.api
-        .create_pipeline(json!({
-            "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
-            "stores": ["counts"], "slots": 2, "partitions": 1
-        }))
-        .await?;
-    // Both live and neither owning anything: a, the smaller id, owns it.
-    wait_for("wc-0 running on a", Duration::from_secs(60), || async {
-        let p = row(&b.api, "wc-0").await?;
-        Ok((p["owner"] == "a" && p["state"] == "running").then_some(()))
-    })
-    .await?;
-    let producer = baton_tests::TestProducer::new()?;
     let keys = baton_tests::words(2_000, 100, 15);
-    let recs: Vec<(String, String)> = keys.iter().map(|k| (k.clone(), "x".into())).collect();
-    producer.send(&input, 2, &recs).await?;
-    b.api
-        .wait_caught_up("wc", 2_000, Duration::from_secs(60))
-        .await?;
-
-    let hold = b
-        .baton
-        .steps()
-        .hold(baton::steps::MOVE_WARMING, Some("wc-0"));
-    let r = b
-        .api
-        .post_json("/api/v1/partitions/wc-0/move", &json!({"to": "b"}))
-        .await?;
-    assert_eq!(r.status, 202, "{r:?}");
-    let id = r.body["move"].as_str().unwrap_or_default().to_string();
-    let (hold, reached) = tokio::task::spawn_blocking(move || {
-        let reached = hold.wait_reached(Duration::from_secs(60));
-        (hold, reached)
-    })
-    .await?;
-    assert!(reached, "the target never started warming");
+    wc_on_a(&a.api, &b.api, &input, &keys).await?;
+    let producer = baton_tests::TestProducer::new()?;
+    let (hold, id) = move_held_at(&b.api, &b, baton::steps::MOVE_WARMING).await?;
     // The owner dies mid-warm-up; the partition fails over to b, the move's own target.
     a.kill9()?;
     wait_for("wc-0 running on b", Duration::from_secs(90), || async {
@@ -761,40 +792,24 @@ async fn an_owner_lost_mid_warm_up_leaves_its_target_one_writer() -> anyhow::Res
     })
     .await?;
     let more = baton_tests::words(1_000, 100, 16);
-    let recs: Vec<(String, String)> = more.iter().map(|k| (k.clone(), "x".into())).collect();
-    producer.send(&input, 2, &recs).await?;
+    producer.send(&input, 2, &records(&more)).await?;
     b.api
         .wait_caught_up("wc", 3_000, Duration::from_secs(60))
         .await?;
     // The replica goes on from where it was held, behind the session.
     hold.release();
-    let abandoned = wait_for("the move abandoned", Duration::from_secs(60), || async {
-        let p = row(&b.api, "wc-0").await?;
-        Ok(p["moves"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|m| m["id"] == id.as_str() && m["phase"] == "abandoned")
-            .cloned())
-    })
+    wait_abandoned(
+        &b.api,
+        &id,
+        "a session of the partition started on this host",
+    )
     .await?;
-    assert!(
-        abandoned["reason"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("a session of the partition started on this host"),
-        "{abandoned}"
-    );
     let last = baton_tests::words(500, 100, 17);
-    let recs: Vec<(String, String)> = last.iter().map(|k| (k.clone(), "x".into())).collect();
-    producer.send(&input, 2, &recs).await?;
+    producer.send(&input, 2, &records(&last)).await?;
     b.api
         .wait_caught_up("wc", 3_500, Duration::from_secs(60))
         .await?;
-    let want = baton_tests::count(keys.iter().chain(&more).chain(&last).map(String::as_str));
-    for (k, n) in &want {
-        assert_eq!(count_at(&b.api, k).await?, Some(*n), "count of {k}");
-    }
+    assert_counted(&b.api, &[&keys, &more, &last]).await?;
     b.stop().await?;
     Ok(())
 }
@@ -822,47 +837,11 @@ async fn a_take_over_after_the_owner_resumed_does_not_count() -> anyhow::Result<
         .await?
     };
     let b = member(dirs[1].path(), &cluster, "b").await?;
-    wait_alive(&a.api, 2).await?;
-    wait_alive(&b.api, 2).await?;
     let input = baton_tests::unique("late-in");
-    a.api.upload_plugin("word-count", "word-count", "1").await?;
-    a.api
-        .create_pipeline(json!({
-            "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
-            "stores": ["counts"], "slots": 2, "partitions": 1
-        }))
-        .await?;
-    wait_for("wc-0 running on a", Duration::from_secs(60), || async {
-        let p = row(&a.api, "wc-0").await?;
-        Ok((p["owner"] == "a" && p["state"] == "running").then_some(()))
-    })
-    .await?;
-    let producer = baton_tests::TestProducer::new()?;
-    let send = |keys: &[String]| -> Vec<(String, String)> {
-        keys.iter().map(|k| (k.clone(), "x".into())).collect()
-    };
     let first = baton_tests::words(2_000, 100, 25);
-    producer.send(&input, 2, &send(&first)).await?;
-    a.api
-        .wait_caught_up("wc", 2_000, Duration::from_secs(60))
-        .await?;
-
-    let hold = b
-        .baton
-        .steps()
-        .hold(baton::steps::MOVE_TAKE_OVER, Some("wc-0"));
-    let r = a
-        .api
-        .post_json("/api/v1/partitions/wc-0/move", &json!({"to": "b"}))
-        .await?;
-    assert_eq!(r.status, 202, "{r:?}");
-    let id = r.body["move"].as_str().unwrap_or_default().to_string();
-    let (hold, reached) = tokio::task::spawn_blocking(move || {
-        let reached = hold.wait_reached(Duration::from_secs(90));
-        (hold, reached)
-    })
-    .await?;
-    assert!(reached, "the target never came to its take-over");
+    wc_on_a(&a.api, &b.api, &input, &first).await?;
+    let producer = baton_tests::TestProducer::new()?;
+    let (hold, id) = move_held_at(&a.api, &b, baton::steps::MOVE_TAKE_OVER).await?;
     // The owner drained, waited 2 s in vain, recorded the move abandoned and resumed.
     let abandoned = wait_for(
         "the owner to give up and resume",
@@ -887,7 +866,7 @@ async fn a_take_over_after_the_owner_resumed_does_not_count() -> anyhow::Result<
         "{abandoned}"
     );
     let second = baton_tests::words(1_000, 100, 26);
-    producer.send(&input, 2, &send(&second)).await?;
+    producer.send(&input, 2, &records(&second)).await?;
     a.api
         .wait_caught_up("wc", 3_000, Duration::from_secs(60))
         .await?;
@@ -921,20 +900,11 @@ async fn a_take_over_after_the_owner_resumed_does_not_count() -> anyhow::Result<
         assert_eq!(m["phase"], "abandoned", "{m}");
     }
     let third = baton_tests::words(500, 100, 27);
-    producer.send(&input, 2, &send(&third)).await?;
+    producer.send(&input, 2, &records(&third)).await?;
     a.api
         .wait_caught_up("wc", 3_500, Duration::from_secs(60))
         .await?;
-    let want = baton_tests::count(
-        first
-            .iter()
-            .chain(&second)
-            .chain(&third)
-            .map(String::as_str),
-    );
-    for (k, n) in &want {
-        assert_eq!(count_at(&a.api, k).await?, Some(*n), "count of {k}");
-    }
+    assert_counted(&a.api, &[&first, &second, &third]).await?;
     b.stop().await?;
     a.stop().await?;
     Ok(())

@@ -259,15 +259,9 @@ async fn partitions_follow_their_assignments() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn assignments_at_once_start_one_loop_per_partition() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let host = InProcess::start(dir.path()).await?;
-    let api = &host.api;
-    api.upload_plugin("word-count", "word-count", "1").await?;
     // A name no other test's partitions share, for the threads' names.
-    api.create_pipeline(json!({
-        "name": "racy", "module": "word-count", "version": "1", "inputs": ["racy-in"],
-        "stores": ["counts"], "slots": 2, "partitions": 2
-    }))
-    .await?;
+    let host = baton_tests::word_count_host(dir.path(), "racy", 2, 2).await?;
+    let api = &host.api;
     let record = host.baton.pipeline("racy")?;
     let all = single_host_assignments(&record);
     for round in 0..20 {

@@ -282,26 +282,34 @@ pub struct SwapRecord {
 mod tests {
     use super::*;
 
-    #[test]
-    fn assignments_end_the_same_whatever_order_they_are_applied_in() {
-        let pipeline: PipelineRecord = serde_json::from_value(serde_json::json!({
+    /// Partition p-0 of pipeline `p` assigned to `owner` at `epoch`, by move `move_id`.
+    fn assigned(owner: &str, epoch: u64, move_id: Option<&str>) -> ControlEvent {
+        ControlEvent::Assigned(AssignmentRecord {
+            pipeline: "p".into(),
+            partition: "p-0".into(),
+            slots: [0, 2],
+            owner: owner.into(),
+            epoch,
+            standbys: Vec::new(),
+            at: 0,
+            move_id: move_id.map(str::to_string),
+        })
+    }
+
+    /// Pipeline `p`: one partition of two slots.
+    fn one_partition_pipeline() -> PipelineRecord {
+        serde_json::from_value(serde_json::json!({
             "spec": {"name": "p", "module": "m", "version": "1", "inputs": ["in"],
                      "slots": 2, "partitions": 1},
             "sha256": "", "start_offsets": {}, "created_at": 0
         }))
-        .unwrap();
-        let a = |owner: &str, epoch: u64| {
-            ControlEvent::Assigned(AssignmentRecord {
-                pipeline: "p".into(),
-                partition: "p-0".into(),
-                slots: [0, 2],
-                owner: owner.into(),
-                epoch,
-                standbys: Vec::new(),
-                at: 0,
-                move_id: None,
-            })
-        };
+        .unwrap()
+    }
+
+    #[test]
+    fn assignments_end_the_same_whatever_order_they_are_applied_in() {
+        let pipeline = one_partition_pipeline();
+        let a = |owner: &str, epoch: u64| assigned(owner, epoch, None);
         let orders = [
             vec![a("b", 1), a("a", 1), a("c", 2)],
             vec![a("a", 1), a("c", 2), a("b", 1)],
@@ -329,24 +337,7 @@ mod tests {
 
     #[test]
     fn a_take_over_and_an_abandonment_of_one_move_are_decided_by_their_order() {
-        let pipeline: PipelineRecord = serde_json::from_value(serde_json::json!({
-            "spec": {"name": "p", "module": "m", "version": "1", "inputs": ["in"],
-                     "slots": 2, "partitions": 1},
-            "sha256": "", "start_offsets": {}, "created_at": 0
-        }))
-        .unwrap();
-        let assigned = |owner: &str, epoch: u64, move_id: Option<&str>| {
-            ControlEvent::Assigned(AssignmentRecord {
-                pipeline: "p".into(),
-                partition: "p-0".into(),
-                slots: [0, 2],
-                owner: owner.into(),
-                epoch,
-                standbys: Vec::new(),
-                at: 0,
-                move_id: move_id.map(str::to_string),
-            })
-        };
+        let pipeline = one_partition_pipeline();
         let phase = |phase: MovePhase| {
             ControlEvent::Move(MoveRecord {
                 id: "m1".into(),
