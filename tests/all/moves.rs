@@ -522,7 +522,7 @@ async fn partitions_move_live_and_hosts_fail_and_rejoin_with_exact_counts_and_ou
     }
     let want = baton_tests::count(sent.iter().map(|(k, _)| k.as_str()));
     let b_api = &apis[1];
-    wait_for("exact counts at b", Duration::from_secs(30), || async {
+    wait_for("exact counts at b", Duration::from_secs(120), || async {
         for (k, n) in &want {
             if count_at(b_api, k).await? != Some(*n) {
                 return Ok(None);
