@@ -171,6 +171,12 @@ impl Owners {
     }
 }
 
+/// The count of `key` in store `counts` of pipeline `wc`, asked of one host: it reads the
+/// slots it owns and asks the owners of the others.
+pub async fn count_at(api: &Api, key: &str) -> Result<Option<i64>> {
+    api.counter("wc", "counts", key).await
+}
+
 /// Asserts every count of store `counts` of `pipeline` against `expected`, asked of `api`.
 pub async fn assert_counts(
     api: &Api,
@@ -677,6 +683,18 @@ impl ChildHost {
         state_memory: &str,
         extra: &[&str],
     ) -> Result<Self> {
+        Self::start_with(dir, cluster, state_memory, extra, &[]).await
+    }
+
+    /// Like [`ChildHost::start_sized`], with environment variables `env` set for the process
+    /// (holds and faults of `baton::steps::STEPS_ENV`, say).
+    pub async fn start_with(
+        dir: &Path,
+        cluster: &str,
+        state_memory: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
         let addr_file = dir.join("baton.addr");
         let _ = std::fs::remove_file(&addr_file);
         std::fs::create_dir_all(dir)?;
@@ -696,6 +714,7 @@ impl ChildHost {
             .arg(dir)
             .args(["--cluster", cluster])
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -848,6 +867,50 @@ pub async fn child_member(dir: &Path, cluster: &str, id: &str) -> Result<ChildHo
             "6s",
         ],
     )
+    .await
+}
+
+/// Like [`child_member`], with holds and faults set by `baton::steps::STEPS_ENV` to `steps`;
+/// each hold reached is a line `STEP KEY` of the file `dir/steps.reached`.
+pub async fn child_member_held(
+    dir: &Path,
+    cluster: &str,
+    id: &str,
+    steps: &str,
+) -> Result<ChildHost> {
+    let reached = dir.join("steps.reached");
+    let reached = reached.to_string_lossy();
+    ChildHost::start_with(
+        dir,
+        cluster,
+        "64MiB",
+        &[
+            "--kafka",
+            &kafka_bootstrap(),
+            "--host-id",
+            id,
+            "--session-timeout",
+            "6s",
+        ],
+        &[
+            (baton::steps::STEPS_ENV, steps),
+            (baton::steps::STEPS_LOG_ENV, &reached),
+        ],
+    )
+    .await
+}
+
+/// Waits (up to `timeout`) until the host started by [`child_member_held`] on `dir` reached
+/// the hold of `step` for `key`.
+pub async fn wait_held(dir: &Path, step: &str, key: &str, timeout: Duration) -> Result<()> {
+    let file = dir.join("steps.reached");
+    let line = format!("{step} {key}");
+    wait_for(&format!("the host held at {line}"), timeout, || {
+        let found = std::fs::read_to_string(&file)
+            .map(|s| s.lines().any(|l| l == line))
+            .unwrap_or(false);
+        async move { Ok(found.then_some(())) }
+    })
     .await
 }
 
@@ -1004,6 +1067,18 @@ pub fn read_committed_raw(topic: &str, partitions: u32) -> Result<Vec<RawRecord>
         }
     }
     Ok(out)
+}
+
+/// The end offsets of partitions `0..partitions` of `topic` on the test broker (for committed
+/// reads).
+pub fn end_offsets(topic: &str, partitions: u32) -> Result<Vec<u64>> {
+    use baton::transport::Transport;
+    let t = baton::transport::kafka::KafkaTransport::connect(
+        baton::transport::kafka::KafkaConfig::new(kafka_bootstrap()),
+    )?;
+    (0..partitions)
+        .map(|p| Ok(t.end_offset(topic, p)?))
+        .collect()
 }
 
 /// A record as [`read_committed_raw`] gives it: partition, key, value.

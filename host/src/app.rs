@@ -132,8 +132,6 @@ pub struct Baton {
     pub(crate) creating: Mutex<std::collections::BTreeSet<String>>,
     /// Pipelines being deleted.
     pub(crate) deleting: Mutex<std::collections::BTreeSet<String>>,
-    /// Control-log appends that fail on purpose (tests only).
-    pub(crate) control_faults: AtomicU32,
     /// Pipelines whose partitions could not start here, with the reason.
     pub(crate) start_failures: RwLock<BTreeMap<String, String>>,
     /// This host's id.
@@ -177,6 +175,7 @@ impl Baton {
             None => crate::cluster::stable_host_id(&config.data_dir)?,
         };
         crate::cluster::check_host_id(&host_id).map_err(anyhow::Error::msg)?;
+        let steps = Arc::new(crate::steps::Steps::from_env().map_err(anyhow::Error::msg)?);
         let address = Arc::new(RwLock::new(config.advertise.clone().unwrap_or_default()));
         let (transport, embedded, kafka): (Arc<dyn Transport>, _, _) = match &config.kafka {
             None => {
@@ -239,12 +238,11 @@ impl Baton {
             log_catalog: log_catalog.clone(),
             control_wake: Default::default(),
             closing: AtomicBool::new(false),
-            steps: Default::default(),
+            steps,
             round_robin: AtomicU32::new(0),
             control: Mutex::new(()),
             creating: Mutex::new(Default::default()),
             deleting: Mutex::new(Default::default()),
-            control_faults: AtomicU32::new(0),
             start_failures: RwLock::new(BTreeMap::new()),
             host_id,
             address,

@@ -6,6 +6,11 @@
 //! A step nobody holds costs one relaxed atomic load. A hold is set with [`Steps::hold`]; the
 //! first thread that passes the step afterwards stops there until the hold is released (or
 //! dropped), and [`Hold::wait_reached`] tells the test that it did.
+//!
+//! A test that runs `baton` as a process (a fault harness killing it at a chosen step) sets
+//! holds and faults from the environment instead: [`STEPS_ENV`] lists them, and
+//! [`STEPS_LOG_ENV`] names a file where the host appends a line for each hold reached. Nothing
+//! else reads these variables, and neither is part of the HTTP API.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,6 +42,46 @@ pub const MOVE_TAKE_OVER: &str = "move.take-over";
 /// paused), with no error, as librdkafka's consumers have been seen to after a broker restart.
 pub const INPUT_STALL: &str = "input.stall";
 
+/// A fault: a move's owner releases its partition naming changelog ends one record past what
+/// its state holds, as if it had written a record the target cannot read (the target's replica
+/// must end at exactly the released ends, and the target gives up when it does not).
+pub const RELEASE_CHANGELOG_AHEAD: &str = "release.changelog-ahead";
+
+/// A fault: a move's owner releases its partition naming input offsets one record short of
+/// what it committed (the target must find the group's offsets equal to the released ones).
+pub const RELEASE_OFFSETS_BEHIND: &str = "release.offsets-behind";
+
+/// A fault: this host's appends to the control log fail (the key is the control topic).
+pub const CONTROL_APPEND_FAILS: &str = "control.append-fails";
+
+/// Every step a thread can be held at.
+pub const STEPS: &[&str] = &[
+    SESSION_RESTORE,
+    SESSION_RESTORED,
+    STOPPING,
+    MOVE_WARMING,
+    MOVE_TAKE_OVER,
+];
+
+/// Every fault that can be injected.
+pub const FAULTS: &[&str] = &[
+    INPUT_STALL,
+    RELEASE_CHANGELOG_AHEAD,
+    RELEASE_OFFSETS_BEHIND,
+    CONTROL_APPEND_FAILS,
+];
+
+/// Holds and faults a host sets at its start, for tests that run it as a process: entries
+/// separated by `;`, each `STEP[@KEY]=DURATION[*TIMES]` (the next `TIMES` threads, 1 by
+/// default, that pass the step stop there for `DURATION`, as `250ms` or `2s`) or
+/// `FAULT[@KEY]` (injected for the host's life). Example:
+/// `BATON_TEST_STEPS="move.take-over@wc-0=3s;release.offsets-behind@wc-1"`.
+pub const STEPS_ENV: &str = "BATON_TEST_STEPS";
+
+/// A file where a host appends `STEP KEY` for each thread stopped by a hold of [`STEPS_ENV`],
+/// as it stops.
+pub const STEPS_LOG_ENV: &str = "BATON_TEST_STEPS_LOG";
+
 /// The holds and faults of one host.
 #[derive(Default)]
 pub struct Steps {
@@ -46,6 +91,10 @@ pub struct Steps {
     /// Whether any fault is injected: the fast path of [`Steps::injected`].
     any_fault: AtomicBool,
     faults: Mutex<HashMap<String, usize>>,
+    /// Timed holds of [`STEPS_ENV`]: how long each stops a thread, and for how many more.
+    timed: Mutex<HashMap<String, (Duration, usize)>>,
+    /// Where reached timed holds are written ([`STEPS_LOG_ENV`]).
+    log: Option<std::path::PathBuf>,
 }
 
 #[derive(Default)]
@@ -64,12 +113,102 @@ struct GateState {
 }
 
 impl Steps {
+    /// The holds and faults of [`STEPS_ENV`] (none when it is not set), reported to the file
+    /// of [`STEPS_LOG_ENV`]; an error names an entry that is not understood.
+    pub fn from_env() -> Result<Self, String> {
+        let mut steps = Steps::default();
+        if let Ok(spec) = std::env::var(STEPS_ENV) {
+            steps.set(&spec)?;
+        }
+        steps.log = std::env::var_os(STEPS_LOG_ENV).map(Into::into);
+        Ok(steps)
+    }
+
+    /// Sets the holds and faults of `spec`, in the syntax of [`STEPS_ENV`].
+    fn set(&mut self, spec: &str) -> Result<(), String> {
+        for entry in spec.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+            let (name, hold) = match entry.split_once('=') {
+                Some((n, h)) => (n.trim(), Some(h.trim())),
+                None => (entry, None),
+            };
+            let (what, key) = match name.split_once('@') {
+                Some((w, k)) => (w, Some(k)),
+                None => (name, None),
+            };
+            let known = if hold.is_some() { STEPS } else { FAULTS };
+            if !known.contains(&what) {
+                return Err(format!(
+                    "{STEPS_ENV}: `{what}` in `{entry}` is not a {} (known: {})",
+                    if hold.is_some() { "step" } else { "fault" },
+                    known.join(", ")
+                ));
+            }
+            let full = hold_name(what, key);
+            match hold {
+                Some(h) => {
+                    let (d, times) = match h.split_once('*') {
+                        Some((d, t)) => (
+                            d,
+                            t.parse::<usize>().map_err(|_| {
+                                format!("{STEPS_ENV}: `{t}` in `{entry}` is not a count")
+                            })?,
+                        ),
+                        None => (h, 1),
+                    };
+                    let d = crate::config::parse_duration(d)
+                        .map_err(|e| format!("{STEPS_ENV}: in `{entry}`: {e}"))?;
+                    self.timed.get_mut().insert(full, (d, times));
+                    *self.any.get_mut() = true;
+                }
+                None => {
+                    *self.faults.get_mut().entry(full).or_default() += 1;
+                    *self.any_fault.get_mut() = true;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops the thread for a timed hold of `step` of `key`, if one is left.
+    fn pass_timed(&self, step: &str, key: &str) {
+        let stop = {
+            let mut timed = self.timed.lock();
+            let name = [hold_name(step, Some(key)), hold_name(step, None)]
+                .into_iter()
+                .find(|n| timed.get(n).is_some_and(|(_, left)| *left > 0));
+            name.and_then(|n| timed.get_mut(&n)).map(|(d, left)| {
+                *left -= 1;
+                *d
+            })
+        };
+        let Some(d) = stop else { return };
+        tracing::info!(
+            step,
+            key,
+            ms = d.as_millis() as u64,
+            "held at a step for a time"
+        );
+        if let Some(path) = &self.log {
+            use std::io::Write;
+            let written = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .and_then(|mut f| writeln!(f, "{step} {key}"));
+            if let Err(e) = written {
+                tracing::warn!("writing {}: {e}", path.display());
+            }
+        }
+        std::thread::sleep(d);
+    }
+
     /// Passes step `step` of `key` (a partition id, a move's partition): stops here while a
     /// hold of `step` for `key` (or for every key) is set and not released.
     pub fn pass(&self, step: &str, key: &str) {
         if !self.any.load(Ordering::Relaxed) {
             return;
         }
+        self.pass_timed(step, key);
         let gate = {
             let holds = self.holds.lock();
             holds
@@ -203,7 +342,10 @@ impl Drop for Hold {
         {
             holds.remove(&self.name);
         }
-        self.steps.any.store(!holds.is_empty(), Ordering::Relaxed);
+        let timed = !self.steps.timed.lock().is_empty();
+        self.steps
+            .any
+            .store(!holds.is_empty() || timed, Ordering::Relaxed);
         drop(holds);
         release(&self.gate);
     }
@@ -242,6 +384,41 @@ mod tests {
         // Released: the step is free again.
         steps.pass(SESSION_RESTORE, "p-0");
         assert!(!steps.any.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn holds_and_faults_from_the_environment_syntax_stop_for_a_time_and_inject() {
+        let mut steps = Steps::default();
+        steps
+            .set("move.take-over@p-0=300ms*2; release.offsets-behind@p-1")
+            .unwrap();
+        let steps = Arc::new(steps);
+        assert!(steps.injected(RELEASE_OFFSETS_BEHIND, "p-1"));
+        assert!(!steps.injected(RELEASE_OFFSETS_BEHIND, "p-0"));
+        let t0 = Instant::now();
+        steps.pass(MOVE_TAKE_OVER, "p-1");
+        let other = t0.elapsed();
+        steps.pass(MOVE_TAKE_OVER, "p-0");
+        steps.pass(MOVE_TAKE_OVER, "p-0");
+        let two = t0.elapsed() - other;
+        let t1 = Instant::now();
+        steps.pass(MOVE_TAKE_OVER, "p-0");
+        let third = t1.elapsed();
+        assert!(two >= Duration::from_millis(600), "two holds took {two:?}");
+        assert!(
+            other < Duration::from_millis(300) && third < Duration::from_millis(300),
+            "another key took {other:?}, a third pass {third:?}"
+        );
+        for bad in [
+            "move.takeover=1s",
+            "release.offsets-behind=1s",
+            "move.take-over",
+            "move.take-over=soon",
+            "move.take-over=1s*x",
+        ] {
+            let err = Steps::default().set(bad).unwrap_err();
+            assert!(err.contains(STEPS_ENV) && err.contains(bad), "{bad}: {err}");
+        }
     }
 
     #[test]

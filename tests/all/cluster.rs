@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use baton_tests::partition_table as table;
-use baton_tests::{InProcess, cluster_name, kafka_bootstrap, kafka_lock, member, wait_for};
+use baton_tests::{
+    InProcess, cluster_name, count_at, kafka_bootstrap, kafka_lock, member, wait_for,
+};
 use serde_json::Value;
 
 /// id → (address, alive, controller), as one host answers `GET /api/v1/hosts`.
@@ -179,12 +181,6 @@ async fn running(api: &baton_tests::Api, p: &str, id: &str) -> anyhow::Result<Ve
         .filter(|x| x["pipeline"] == p && x["state"] == "running" && x["owner"] == id)
         .map(|x| x["id"].as_str().unwrap_or_default().to_string())
         .collect())
-}
-
-/// The count of `key`, asked of one host: it reads the slots it owns and asks the owners of
-/// the others.
-async fn count_at(api: &baton_tests::Api, key: &str) -> anyhow::Result<Option<i64>> {
-    api.counter("wc", "counts", key).await
 }
 
 /// Every (key, count) of `wc`'s store, scanned page by page from one host.

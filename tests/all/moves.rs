@@ -9,13 +9,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use baton_tests::{
-    InProcess, Owners, cluster_name, kafka_bootstrap, kafka_lock, member, wait_alive, wait_for,
+    InProcess, Owners, cluster_name, count_at, kafka_bootstrap, kafka_lock, member, wait_alive,
+    wait_for,
 };
 use serde_json::{Value, json};
-
-async fn count_at(api: &baton_tests::Api, key: &str) -> anyhow::Result<Option<i64>> {
-    api.counter("wc", "counts", key).await
-}
 
 /// The partition's row, as `api` shows it.
 async fn row(api: &baton_tests::Api, id: &str) -> anyhow::Result<Value> {
@@ -817,8 +814,8 @@ async fn an_owner_lost_mid_warm_up_leaves_its_target_one_writer() -> anyhow::Res
 /// The target takes over just as the owner gives up holding the drained partition: the
 /// control log's order decides, the same way on every host. Here the target is held before
 /// its take-over until the owner has recorded the move abandoned and resumed; the take-over,
-/// after the abandonment in the log, does not count. The owner stays the only writer, at its
-/// epoch, and counts stay exact.
+/// after the abandonment in the log, does not count. The owner stays the only writer (at the
+/// epoch after the one it released), and counts stay exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_take_over_after_the_owner_resumed_does_not_count() -> anyhow::Result<()> {
     let _k = kafka_lock().await;
@@ -883,11 +880,12 @@ async fn a_take_over_after_the_owner_resumed_does_not_count() -> anyhow::Result<
         b.baton.partition_handles().iter().all(|h| h.id != "wc-0"),
         "the target runs the partition beside its owner"
     );
+    // The owner released epoch 1 and went on at epoch 2.
     for api in [&a.api, &b.api] {
         let p = row(api, "wc-0").await?;
         assert_eq!(
             (p["owner"].clone(), p["epoch"].clone()),
-            (json!("a"), json!(1)),
+            (json!("a"), json!(2)),
             "{p}"
         );
         let m = p["moves"]
@@ -907,5 +905,196 @@ async fn a_take_over_after_the_owner_resumed_does_not_count() -> anyhow::Result<
     assert_counted(&a.api, &[&first, &second, &third]).await?;
     b.stop().await?;
     a.stop().await?;
+    Ok(())
+}
+
+/// The target takes over only what the owner released, as the control log records it: the
+/// owner's last transaction complete (every changelog readable to its released end), the
+/// replica at exactly those ends, and the group's offsets at the released ones. A release that
+/// does not match (injected here) gives the move up with the reason, and the owner goes on; a
+/// release that matches moves the partition, with exact counts throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_over_checks_what_the_owner_released() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dirs: Vec<_> = (0..2)
+        .map(|_| tempfile::tempdir())
+        .collect::<Result<_, _>>()?;
+    let cluster = cluster_name(dirs[0].path());
+    let a = member(dirs[0].path(), &cluster, "a").await?;
+    let b = member(dirs[1].path(), &cluster, "b").await?;
+    let input = baton_tests::unique("release-in");
+    let first = baton_tests::words(2_000, 100, 35);
+    wc_on_a(&a.api, &b.api, &input, &first).await?;
+    let producer = baton_tests::TestProducer::new()?;
+    let mut sent = vec![first];
+    let mut total = 2_000;
+    let faults = [
+        (
+            baton::steps::RELEASE_OFFSETS_BEHIND,
+            "a commit came after the release",
+        ),
+        (
+            baton::steps::RELEASE_CHANGELOG_AHEAD,
+            "but the owner released it at",
+        ),
+    ];
+    for (i, (fault, why)) in faults.into_iter().enumerate() {
+        let injected = a.baton.steps().inject(fault, Some("wc-0"));
+        let id = move_wc0(&a.api, "b").await?;
+        wait_abandoned(&a.api, &id, why).await?;
+        drop(injected);
+        // The owner goes on at its epoch; the target never ran the partition.
+        let more = baton_tests::words(500, 100, 36 + i as u64);
+        producer.send(&input, 2, &records(&more)).await?;
+        total += 500;
+        a.api
+            .wait_caught_up("wc", total, Duration::from_secs(60))
+            .await?;
+        // Released at epoch 1 + i, the owner never processes at that epoch again: it went on
+        // at the next.
+        let p = row(&a.api, "wc-0").await?;
+        assert_eq!(
+            (p["owner"].clone(), p["epoch"].clone()),
+            (json!("a"), json!(2 + i)),
+            "{p}"
+        );
+        assert!(
+            b.baton.partition_handles().iter().all(|h| h.id != "wc-0"),
+            "the target runs the partition after refusing the release"
+        );
+        sent.push(more);
+    }
+    // Nothing injected: the release matches, and the partition moves.
+    let id = move_wc0(&a.api, "b").await?;
+    let done = wait_for("the move done", Duration::from_secs(90), || async {
+        let p = row(&b.api, "wc-0").await?;
+        Ok(p["moves"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["id"] == id.as_str() && m["phase"] == "done")
+            .cloned()
+            .filter(|_| p["owner"] == "b" && p["state"] == "running"))
+    })
+    .await?;
+    assert!(
+        done["steps"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| s["step"] == "released"),
+        "the pause shows the release read back: {done}"
+    );
+    let last = baton_tests::words(500, 100, 39);
+    producer.send(&input, 2, &records(&last)).await?;
+    total += 500;
+    b.api
+        .wait_caught_up("wc", total, Duration::from_secs(60))
+        .await?;
+    sent.push(last);
+    let sent: Vec<&[String]> = sent.iter().map(Vec::as_slice).collect();
+    assert_counted(&b.api, &sent).await?;
+    b.stop().await?;
+    a.stop().await?;
+    Ok(())
+}
+
+/// The target dies between the owner's release and its own take-over (a `baton` process held
+/// there by `baton::steps::STEPS_ENV`, then killed with `kill -9`). The move is abandoned, and
+/// the owner, who never processes at the epoch it released again, goes on at the next one;
+/// counts stay exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_killed_between_release_and_take_over_leaves_the_owner_running()
+-> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dirs: Vec<_> = (0..2)
+        .map(|_| tempfile::tempdir())
+        .collect::<Result<_, _>>()?;
+    let cluster = cluster_name(dirs[0].path());
+    let a = member(dirs[0].path(), &cluster, "a").await?;
+    let b = baton_tests::child_member_held(
+        dirs[1].path(),
+        &cluster,
+        "b",
+        &format!("{}@wc-0=120s", baton::steps::MOVE_TAKE_OVER),
+    )
+    .await?;
+    let input = baton_tests::unique("target-killed-in");
+    let first = baton_tests::words(2_000, 100, 41);
+    wc_on_a(&a.api, &b.api, &input, &first).await?;
+    let id = move_wc0(&a.api, "b").await?;
+    baton_tests::wait_held(
+        dirs[1].path(),
+        baton::steps::MOVE_TAKE_OVER,
+        "wc-0",
+        Duration::from_secs(90),
+    )
+    .await?;
+    // Released at epoch 1: the owner holds the partition stopped.
+    let p = row(&a.api, "wc-0").await?;
+    assert_eq!(
+        (p["epoch"].clone(), p["state"].clone()),
+        (json!(1), json!("stopped")),
+        "{p}"
+    );
+    b.kill9()?;
+    let more = baton_tests::words(1_000, 100, 42);
+    baton_tests::TestProducer::new()?
+        .send(&input, 2, &records(&more))
+        .await?;
+    wait_abandoned(&a.api, &id, "").await?;
+    a.api
+        .wait_caught_up("wc", 3_000, Duration::from_secs(90))
+        .await?;
+    let p = row(&a.api, "wc-0").await?;
+    assert_eq!(
+        (p["owner"].clone(), p["epoch"].clone(), p["state"].clone()),
+        (json!("a"), json!(2), json!("running")),
+        "{p}"
+    );
+    assert_counted(&a.api, &[&first, &more]).await?;
+    a.stop().await?;
+    Ok(())
+}
+
+/// The owner dies (`kill -9`) after its release, while the target is held before its
+/// take-over: what the owner released is all there is, and the target takes the partition
+/// over with exact counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_killed_after_its_release_is_taken_over_with_exact_counts() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dirs: Vec<_> = (0..2)
+        .map(|_| tempfile::tempdir())
+        .collect::<Result<_, _>>()?;
+    let cluster = cluster_name(dirs[0].path());
+    let a = baton_tests::child_member(dirs[0].path(), &cluster, "a").await?;
+    let b = member(dirs[1].path(), &cluster, "b").await?;
+    let input = baton_tests::unique("owner-killed-in");
+    let first = baton_tests::words(2_000, 100, 43);
+    wc_on_a(&a.api, &b.api, &input, &first).await?;
+    let (hold, id) = move_held_at(&a.api, &b, baton::steps::MOVE_TAKE_OVER).await?;
+    a.kill9()?;
+    hold.release();
+    // Taken over by the move (not failed over), at the epoch after the released one.
+    let p = wait_for("the move done", Duration::from_secs(90), || async {
+        let p = row(&b.api, "wc-0").await?;
+        let done = p["moves"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|m| m["id"] == id.as_str() && m["phase"] == "done");
+        Ok((done && p["owner"] == "b" && p["state"] == "running").then_some(p))
+    })
+    .await?;
+    assert_eq!(p["epoch"], 2, "{p}");
+    let more = baton_tests::words(1_000, 100, 44);
+    baton_tests::TestProducer::new()?
+        .send(&input, 2, &records(&more))
+        .await?;
+    b.api
+        .wait_caught_up("wc", 3_000, Duration::from_secs(60))
+        .await?;
+    assert_counted(&b.api, &[&first, &more]).await?;
+    b.stop().await?;
     Ok(())
 }

@@ -352,7 +352,10 @@ async fn a_rollback_the_control_log_refuses_changes_nothing_until_recorded() -> 
     let api = &host.api;
     let r = swap(api, "wc", "2").await?;
     assert_eq!(r["outcome"], "swapped", "{r}");
-    host.baton.fail_control_appends_for_test(1_000);
+    let failing = host
+        .baton
+        .steps()
+        .inject(baton::steps::CONTROL_APPEND_FAILS, None);
     let keys = words(200, 10, 3);
     let recs: Vec<_> = keys
         .iter()
@@ -395,7 +398,7 @@ async fn a_rollback_the_control_log_refuses_changes_nothing_until_recorded() -> 
     for (key, n) in count(keys.iter().chain(&more).map(String::as_str)) {
         assert_eq!(api.counter("wc", "counts", &key).await?, Some(n), "{key}");
     }
-    host.baton.fail_control_appends_for_test(0);
+    drop(failing);
     let info = wait_for(
         "the rollback to be recorded",
         Duration::from_secs(10),

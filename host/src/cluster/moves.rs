@@ -5,14 +5,21 @@
 //!    changelogs and keeps tailing them (a warming replica) while the owner goes on processing.
 //! 2. **Handoff.** Once the target is at most [`HANDOFF_LAG`] records behind, it records
 //!    `handoff` and asks the owner to drain: the owner's loop stops at a batch boundary, commits
-//!    what is pending, and answers with its final offsets. The owner holds the drained partition
-//!    (does not restart it) while the move goes on.
-//! 3. **Take-over.** The target reads the changelogs to their end (the final commit's writes),
-//!    records the partition's assignment to itself at the next epoch, and starts it: the
-//!    session's producer fences the old owner's transactional id, the restore finds nothing
-//!    left to read, and processing goes on from the offsets the final commit stored. The move
-//!    is `done` with its pause: from the old owner's final commit to the new owner's first
-//!    guest call (or its first empty fetch when no record waits).
+//!    what is pending, and records its **release** in the control log: the epoch it gives up,
+//!    the input offsets its final commit stored, and the changelog offsets its state holds.
+//!    It answers with the release's place in the log, and holds the drained partition (does
+//!    not restart it) while the move goes on.
+//! 3. **Take-over.** The target reads the release back from the log; it counts only if it
+//!    came while the move was under way. The target then waits until every changelog is
+//!    readable to its released end (the owner's last transaction is complete: `read_committed`
+//!    ends are last stable offsets), reads to there, and checks that its replica is at exactly
+//!    the released ends and the group's offsets are the released ones; any difference gives
+//!    the move up, with the reason. Then it records the partition's assignment to itself at
+//!    the next epoch and, once that is read back and counts, starts it: the session's producer
+//!    fences the old owner's transactional id, the restore finds nothing left to read, and
+//!    processing goes on from the released offsets. The move is `done` with its pause: from
+//!    the old owner's final commit to the new owner's first guest call (or its first empty
+//!    fetch when no record waits).
 //!
 //! A move that fails (the target cannot warm up in time, the owner does not drain, a host
 //! leaves) is `abandoned` with a reason, and the owner carries on: it restarts a partition it
@@ -21,9 +28,10 @@
 //!
 //! The take-over and an abandonment may race (the target takes over just as the owner gives
 //! up waiting). The control log's order decides, the same way on every host: a take-over
-//! (an assignment naming its move) counts only while its move is under way, and an
-//! abandonment that comes after the take-over reads as the move done. Each side acts on its
-//! own append only once it read it back, by the log-ordered catalog.
+//! (an assignment naming its move) counts only while its move is under way and after the
+//! owner's release, and an abandonment that comes after the take-over reads as the move done.
+//! Each side acts on its own append only once it read it back, by the log-ordered catalog.
+//! Abandonments the controller decides (a host left) are written by its fenced producer.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -33,7 +41,10 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::app::Baton;
-use crate::control::{AssignmentRecord, ControlEvent, MovePhase, MoveRecord, MoveStep, now_ms};
+use crate::control::{
+    AssignmentRecord, ChangelogEnd, ControlEvent, InputOffset, MovePhase, MoveRecord, MoveStep,
+    PipelineRecord, ReleaseRecord, now_ms,
+};
 use crate::error::{Error, Result};
 use crate::http::model::{ReplicaInfo, Role};
 use crate::partition::kafka::Prepared;
@@ -52,6 +63,11 @@ pub const DRAINED_HOLD: Duration = Duration::from_secs(20);
 /// How long the new owner waits for its first guest call before it records the move done
 /// without a pause.
 const FIRST_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a target waits, after the owner's release, for the released changelog ends to
+/// become readable (the owner's last transaction complete) and for the group's offsets to be
+/// the released ones, before it gives the move up.
+const RELEASE_SETTLE: Duration = Duration::from_secs(10);
 
 /// A take-over whose first fetch found nothing to process for this long ends its pause there.
 const IDLE_AFTER: Duration = Duration::from_secs(1);
@@ -115,6 +131,9 @@ pub struct Drained {
     pub since_commit_us: u64,
     /// The offsets the final commit stored, where the new owner goes on.
     pub offsets: Vec<crate::partition::SlotProgress>,
+    /// The control-log offset of the owner's release (absent from hosts before releases).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released_at: Option<u64>,
 }
 
 /// The body of `POST /api/v1/partitions/{id}/move`.
@@ -143,15 +162,13 @@ pub struct DrainRequest {
 }
 
 impl Baton {
-    /// Begins moving `partition` to host `to`; answers the move's id at once. The move goes on
-    /// in the background: its phases show in the partition's `moves`.
-    pub fn request_move(&self, partition: &str, to: &str) -> Result<String> {
+    /// A new move of `partition` to host `to`, checked against the catalog; not recorded.
+    pub(crate) fn new_move(&self, partition: &str, to: &str) -> Result<MoveRecord> {
         if self.kafka.is_none() {
             return Err(Error::BadRequest(
                 "moves need a cluster: this host runs on the embedded log, alone".into(),
             ));
         }
-        let _control = self.control.lock();
         self.catch_up_control(Duration::from_secs(2));
         let (assignment, under_way) = {
             let catalog = self.catalog.lock();
@@ -193,11 +210,20 @@ impl Baton {
             steps: Vec::new(),
             at: now_ms(),
             taken_over: false,
+            release: None,
         };
+        Ok(record)
+    }
+
+    /// Begins moving `partition` to host `to`; answers the move's id at once. The move goes on
+    /// in the background: its phases show in the partition's `moves`.
+    pub fn request_move(&self, partition: &str, to: &str) -> Result<String> {
+        let _control = self.control.lock();
+        let record = self.new_move(partition, to)?;
         let event = ControlEvent::Move(record.clone());
         self.append_control(&event)?;
         self.catalog.lock().apply(event);
-        tracing::info!(move_id = %record.id, partition, from = %a.owner, to, "move requested");
+        tracing::info!(move_id = %record.id, partition, from = %record.from, to, "move requested");
         self.on_move(&record);
         Ok(record.id)
     }
@@ -220,9 +246,25 @@ impl Baton {
                 }
             }
             MovePhase::Abandoned | MovePhase::Done
-                if m.from == self.host_id && self.held.lock().remove(&m.partition).is_some() =>
+                if m.from == self.host_id && self.held.lock().contains_key(&m.partition) =>
             {
-                self.follow_assignments(&m.pipeline);
+                if self.released_in_vain(&m.partition, &m.id) {
+                    // Called on the follower's thread, which the read-back needs.
+                    let (me, m) = (self.me.clone(), m.clone());
+                    let spawned = std::thread::Builder::new()
+                        .name("baton-resume".into())
+                        .spawn(move || {
+                            if let Some(b) = me.upgrade() {
+                                b.resume_released(&m.partition, &m.pipeline, &m.id);
+                            }
+                        });
+                    if let Err(e) = spawned {
+                        tracing::error!("resuming a released partition: {e}");
+                    }
+                } else {
+                    self.held.lock().remove(&m.partition);
+                    self.follow_assignments(&m.pipeline);
+                }
             }
             MovePhase::Abandoned | MovePhase::Done => self.follow_standbys(),
             _ => {}
@@ -248,6 +290,7 @@ impl Baton {
             steps,
             at: now_ms(),
             taken_over: false,
+            release: None,
             ..m.clone()
         };
         let event = ControlEvent::Move(next.clone());
@@ -276,6 +319,78 @@ impl Baton {
             .cloned()
             .unwrap_or(next);
         self.on_move(&effective);
+    }
+
+    /// Whether this host released `partition` to move `move_id` and the move was abandoned
+    /// after that, in log order, with the partition still this host's.
+    fn released_in_vain(&self, partition: &str, move_id: &str) -> bool {
+        self.released_epoch(partition, move_id).is_some()
+            && self
+                .log_catalog
+                .lock()
+                .assignments
+                .get(partition)
+                .is_some_and(|a| a.owner == self.host_id)
+    }
+
+    /// The epoch this host released `partition` at for move `move_id`, if the move was
+    /// abandoned after that release, in log order.
+    fn released_epoch(&self, partition: &str, move_id: &str) -> Option<u64> {
+        self.log_catalog
+            .lock()
+            .moves
+            .get(partition)
+            .and_then(|ms| ms.iter().find(|m| m.id == move_id))
+            .filter(|m| m.phase == MovePhase::Abandoned)
+            .and_then(|m| m.release.as_ref())
+            .filter(|r| r.owner == self.host_id)
+            .map(|r| r.epoch)
+    }
+
+    /// The owner's way back to a partition it released in vain: it never processes at the
+    /// epoch it released again, but records its own assignment at the next one, and resumes
+    /// once that is read back and still names it.
+    fn resume_released(&self, partition: &str, pipeline: &str, move_id: &str) {
+        let released = self.released_epoch(partition, move_id).unwrap_or(0);
+        loop {
+            let a = self.log_catalog.lock().assignments.get(partition).cloned();
+            // Not this host's any more, or assigned to it again already.
+            let Some(a) = a.filter(|a| a.owner == self.host_id && a.epoch <= released) else {
+                break;
+            };
+            let event = ControlEvent::Assigned(AssignmentRecord {
+                epoch: a.epoch + 1,
+                at: now_ms(),
+                move_id: None,
+                after_release: false,
+                ..a
+            });
+            match self.append_control(&event) {
+                Ok(at) => {
+                    if !self.read_back_until_stopped(at) {
+                        return;
+                    }
+                    self.adopt_log_order(partition);
+                    break;
+                }
+                Err(e) => {
+                    if self.background_stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    tracing::warn!(
+                        partition,
+                        "recording this host's assignment again: {e}; again in 1 s"
+                    );
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+        }
+        self.held.lock().remove(partition);
+        tracing::info!(
+            partition,
+            "the move was abandoned after the release: resuming at the next epoch"
+        );
+        self.follow_assignments(pipeline);
     }
 
     /// Waits until the follower has read the control log past `offset` (waking it first);
@@ -460,8 +575,36 @@ impl Baton {
             .unwrap_or(answered);
         let mut marks: Vec<(&'static str, Instant)> = vec![("answered", answered)];
 
-        // Take over, at the next epoch. Appended first, so that the control log decides while
-        // the final changelog records are read.
+        // The release takes effect when read back: the control log's order says whether it
+        // came while the move was under way.
+        let released_at = drained.released_at.ok_or_else(|| {
+            format!(
+                "the owner `{}` runs an older baton, which records no release in the control \
+                 log: upgrade it to baton {} (or later) to move its partitions",
+                m.from,
+                env!("CARGO_PKG_VERSION")
+            )
+        })?;
+        if !self.read_back_until_stopped(released_at) {
+            return Err("the host stops".into());
+        }
+        let release = self
+            .log_catalog
+            .lock()
+            .moves
+            .get(&m.partition)
+            .and_then(|ms| ms.iter().find(|x| x.id == m.id))
+            .filter(|x| !x.phase.ended())
+            .and_then(|x| x.release.clone())
+            .ok_or("the move ended before the owner's release in the control log")?;
+        marks.push(("released", Instant::now()));
+
+        // Before the take-over: the owner's last transaction is complete, and this replica
+        // holds exactly what the owner released.
+        check_release(&release, &record, &mut prepared, &replica, &db)?;
+        marks.push(("caught-up", Instant::now()));
+
+        // Take over, at the next epoch.
         let current = self.catalog.lock().assignments.get(&m.partition).cloned();
         let epoch = current.map_or(assignment.epoch, |a| a.epoch.max(assignment.epoch)) + 1;
         let a = AssignmentRecord {
@@ -469,40 +612,16 @@ impl Baton {
             epoch,
             at: now_ms(),
             move_id: Some(m.id.clone()),
+            after_release: true,
             ..assignment
         };
         self.steps.pass(crate::steps::MOVE_TAKE_OVER, &m.partition);
         let event = ControlEvent::Assigned(a.clone());
-        let at = {
-            let _control = self.control.lock();
-            self.append_control(&event)
-                .map_err(|e| format!("recording the new owner: {e}"))?
-        };
+        let at = self
+            .append_control(&event)
+            .map_err(|e| format!("recording the new owner: {e}"))?;
         self.wake_control_follower();
         marks.push(("assigned", Instant::now()));
-
-        // The final commit's changelog records. Read before the session starts: once they are
-        // there, the owner's transaction is (nearly always) complete, and the new producer's
-        // `init_transactions` is not turned away while it completes (librdkafka would retry
-        // only 500 ms later). Whatever is not read here, the session's restore reads.
-        let catch_up = Instant::now() + Duration::from_secs(30);
-        let tail = prepared.tail();
-        let caught_up = tail
-            .refresh()
-            .map_err(|e| format!("reading the changelogs' ends: {e:#}"))
-            .and_then(|_| {
-                while !tail.caught_up() {
-                    replica.poll(tail, &db, Duration::from_millis(2))?;
-                    if Instant::now() > catch_up {
-                        return Err("the final changelog records did not arrive within 30 s".into());
-                    }
-                }
-                Ok(())
-            });
-        if let Err(e) = caught_up {
-            tracing::warn!(partition = %m.partition, "before the take-over: {e}; the restore reads the rest");
-        }
-        marks.push(("caught-up", Instant::now()));
 
         // The take-over takes effect when read back: the control log's order decides between
         // it and an abandonment of the move (the owner's, after holding the partition in
@@ -615,6 +734,9 @@ impl Baton {
             )));
         };
         let committed = Instant::now();
+        let released_at = self
+            .release(&handle, move_id, &offsets)
+            .map_err(|e| Error::Unavailable(format!("recording the release: {e}")));
         // Resumed if nobody takes it over in time. The loop's clients close meanwhile: the
         // final commit is done, and the new owner need not wait for them.
         let (me, p, pipeline, id) = (
@@ -636,12 +758,81 @@ impl Baton {
                     }
                 }
             });
-        tracing::info!(partition, move_id, "drained for a move");
+        let released_at = released_at?;
+        tracing::info!(partition, move_id, "drained and released for a move");
         Ok(Drained {
             move_id: move_id.to_string(),
             since_commit_us: committed.elapsed().as_micros() as u64,
             offsets,
+            released_at: Some(released_at),
         })
+    }
+
+    /// Records the release of the drained partition of `handle` to move `move_id` in the
+    /// control log: where its input and changelogs ended. Answers the event's offset.
+    fn release(
+        &self,
+        handle: &crate::partition::supervisor::PartitionHandle,
+        move_id: &str,
+        offsets: &[crate::partition::SlotProgress],
+    ) -> std::result::Result<u64, String> {
+        let stores = self
+            .catalog
+            .lock()
+            .pipelines
+            .get(&handle.pipeline)
+            .map(|p| p.spec.state_stores())
+            .ok_or_else(|| format!("pipeline `{}` is gone", handle.pipeline))?;
+        let ahead = u64::from(
+            self.steps
+                .injected(crate::steps::RELEASE_CHANGELOG_AHEAD, &handle.id),
+        );
+        let short = u64::from(
+            self.steps
+                .injected(crate::steps::RELEASE_OFFSETS_BEHIND, &handle.id),
+        );
+        let mut changelogs = Vec::new();
+        for store in &stores {
+            for slot in handle.slots.clone() {
+                let key = crate::partition::changelog_offset_key(store, slot);
+                let end = handle
+                    .db
+                    .get_meta_u64(&key)
+                    .map_err(|e| format!("reading the changelog position {key}: {e}"))?
+                    .unwrap_or(0);
+                changelogs.push(ChangelogEnd {
+                    store: store.clone(),
+                    slot,
+                    end: end + ahead,
+                });
+            }
+        }
+        let event = ControlEvent::Released(ReleaseRecord {
+            move_id: move_id.to_string(),
+            pipeline: handle.pipeline.clone(),
+            partition: handle.id.clone(),
+            owner: self.host_id.clone(),
+            epoch: self
+                .catalog
+                .lock()
+                .assignments
+                .get(&handle.id)
+                .filter(|a| a.owner == self.host_id)
+                .map_or(handle.epoch.load(Ordering::Relaxed), |a| a.epoch),
+            offsets: offsets
+                .iter()
+                .map(|o| InputOffset {
+                    topic: o.topic.clone(),
+                    slot: o.slot,
+                    offset: o.offset.saturating_sub(short),
+                })
+                .collect(),
+            changelogs,
+            at: now_ms(),
+        });
+        let at = self.append_control(&event).map_err(|e| e.to_string())?;
+        self.catalog.lock().apply(event);
+        Ok(at)
     }
 
     /// The owner's side when nobody took its drained partition over in time: it records the
@@ -670,6 +861,7 @@ impl Baton {
                 steps: Vec::new(),
                 at: now_ms(),
                 taken_over: false,
+                release: None,
                 ..m
             });
             let appended = {
@@ -692,6 +884,10 @@ impl Baton {
                     std::thread::sleep(Duration::from_secs(1));
                 }
             }
+        }
+        if self.released_in_vain(partition, move_id) {
+            self.resume_released(partition, pipeline, move_id);
+            return;
         }
         let mine = self
             .log_catalog
@@ -863,11 +1059,115 @@ impl Baton {
         }
         stale
     }
+}
 
-    /// Abandons a move (the controller, for a move whose hosts left).
-    pub(crate) fn abandon_move(&self, m: &MoveRecord, reason: String) {
-        tracing::warn!(move_id = %m.id, partition = %m.partition, "move abandoned: {reason}");
-        self.record_move(m, MovePhase::Abandoned, None, Some(reason));
+/// The target's checks of the owner's release before its take-over; the reason for giving
+/// the move up when one fails:
+/// 1. the owner's last transaction is complete: for committed reads, every changelog slot
+///    ends at or past its released end (the transaction's records are readable);
+/// 2. the replica read the changelogs to those ends, and is at exactly the released ends;
+/// 3. the group's committed offsets are the released input offsets.
+fn check_release(
+    r: &ReleaseRecord,
+    pipeline: &PipelineRecord,
+    prepared: &mut Prepared,
+    replica: &Replica,
+    db: &crate::state::PartitionDb,
+) -> std::result::Result<(), String> {
+    let deadline = Instant::now() + RELEASE_SETTLE;
+    let tail = prepared.tail();
+    loop {
+        tail.refresh()
+            .map_err(|e| format!("reading the changelogs' ends: {e:#}"))?;
+        let mut short = None;
+        for c in &r.changelogs {
+            let topic = pipeline.changelog_topic(&c.store);
+            let Some(end) = tail.end(&topic, c.slot) else {
+                return Err(format!(
+                    "the owner released changelog {topic}/{}, which this partition does not read",
+                    c.slot
+                ));
+            };
+            if end < c.end {
+                short = Some((topic, c.slot, end, c.end));
+                break;
+            }
+        }
+        let Some((topic, slot, end, released)) = short else {
+            break;
+        };
+        if Instant::now() > deadline {
+            return Err(format!(
+                "changelog {topic}/{slot} ends at {end} for committed reads, before the end \
+                 {released} the owner released: its last transaction did not complete within {}s",
+                RELEASE_SETTLE.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    while !tail.caught_up() {
+        replica.poll(tail, db, Duration::from_millis(2))?;
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the final changelog records were not read within {}s",
+                RELEASE_SETTLE.as_secs()
+            ));
+        }
+    }
+    for c in &r.changelogs {
+        let topic = pipeline.changelog_topic(&c.store);
+        let key = crate::partition::changelog_offset_key(&c.store, c.slot);
+        let applied = db
+            .get_meta_u64(&key)
+            .map_err(|e| format!("reading the changelog position {key}: {e}"))?
+            .unwrap_or(0)
+            .max(tail.start(&topic, c.slot).unwrap_or(0));
+        if applied != c.end {
+            return Err(format!(
+                "the replica holds changelog {topic}/{} up to offset {applied}, but the owner \
+                 released it at {}",
+                c.slot, c.end
+            ));
+        }
+    }
+    let tps: Vec<(String, u32)> = r
+        .offsets
+        .iter()
+        .map(|o| (o.topic.clone(), o.slot))
+        .collect();
+    loop {
+        let got = prepared
+            .committed(&tps)
+            .map_err(|e| format!("reading the group's offsets: {e}"))?;
+        let mut behind = None;
+        for (o, &g) in r.offsets.iter().zip(&got) {
+            // No offset: the owner never committed one, and started where the new owner will.
+            let Some(g) = g else { continue };
+            if g > o.offset {
+                return Err(format!(
+                    "the group's offset of {}/{} is {g}, past the {} the owner released: a \
+                     commit came after the release",
+                    o.topic, o.slot, o.offset
+                ));
+            }
+            if g < o.offset {
+                behind = Some((o, g));
+            }
+        }
+        let Some((o, g)) = behind else {
+            prepared.checked(&tps, &got);
+            return Ok(());
+        };
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the group's offset of {}/{} is {g}, not the {} the owner released, after {}s",
+                o.topic,
+                o.slot,
+                o.offset,
+                RELEASE_SETTLE.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 

@@ -105,6 +105,7 @@ pub fn plan(
                     standbys,
                     at: now_ms(),
                     move_id: None,
+                    after_release: false,
                 });
             }
         }
@@ -210,8 +211,28 @@ impl Baton {
                         .filter(|h| h.alive)
                         .map(|h| h.id.clone())
                         .collect();
-                    for (m, reason) in baton.stale_moves(&alive) {
-                        baton.abandon_move(&m, reason);
+                    // Abandonments the controller decides go through its fenced producer: a
+                    // stale controller cannot abandon a healthy move. They take effect on every
+                    // host (this one too) when read from the log.
+                    let stale: Vec<ControlEvent> = baton
+                        .stale_moves(&alive)
+                        .into_iter()
+                        .map(|(m, reason)| {
+                            tracing::warn!(move_id = %m.id, partition = %m.partition, "move abandoned: {reason}");
+                            ControlEvent::Move(crate::control::MoveRecord {
+                                phase: crate::control::MovePhase::Abandoned,
+                                reason: Some(reason),
+                                pause_ms: None,
+                                steps: Vec::new(),
+                                at: crate::control::now_ms(),
+                                taken_over: false,
+                                release: None,
+                                ..m
+                            })
+                        })
+                        .collect();
+                    if !stale.is_empty() && !baton.write_fenced(&mut producer, &stale) {
+                        continue;
                     }
                     // Hosts live when this host became the controller count as known; one
                     // that joins later gets a fair share, by warm moves. While any move is
@@ -293,15 +314,22 @@ impl Baton {
                         }
                         j.next = now + JOIN_SETTLE;
                         j.rounds += 1;
+                        let mut begun = Vec::new();
                         for (partition, to) in moves {
-                            match baton.request_move(&partition, &to) {
-                                Ok(id) => tracing::info!(
-                                    partition, to, move_id = %id, "moved to a joining host"
-                                ),
+                            match baton.new_move(&partition, &to) {
+                                Ok(m) => {
+                                    tracing::info!(
+                                        partition, to, move_id = %m.id, "moving to a joining host"
+                                    );
+                                    begun.push(ControlEvent::Move(m));
+                                }
                                 Err(e) => {
                                     tracing::warn!(partition, to, "moving to a joining host: {e}")
                                 }
                             }
+                        }
+                        if !begun.is_empty() {
+                            baton.write_fenced(&mut producer, &begun);
                         }
                         // One joiner's round at a time: the next looks once these are done.
                         break;
@@ -315,29 +343,14 @@ impl Baton {
                     if changes.is_empty() {
                         continue;
                     }
-                    if producer.is_none() {
-                        match baton.controller_producer() {
-                            Ok(p) => producer = Some(p),
-                            Err(e) => {
-                                tracing::warn!("becoming the controller: {e:#}");
-                                continue;
-                            }
-                        }
-                    }
-                    let p = producer.as_ref().expect("set above");
-                    match baton.write_assignments(p, &changes) {
-                        Ok(()) => {
-                            for c in &changes {
-                                tracing::info!(
-                                    partition = %c.partition, owner = %c.owner, epoch = c.epoch,
-                                    "assigned"
-                                );
-                            }
-                        }
-                        Err(e) => {
-                            // Fenced by a newer controller, or the broker failed: start over.
-                            tracing::warn!("writing assignments: {e:#}");
-                            producer = None;
+                    let events: Vec<ControlEvent> =
+                        changes.iter().cloned().map(ControlEvent::Assigned).collect();
+                    if baton.write_fenced(&mut producer, &events) {
+                        for c in &changes {
+                            tracing::info!(
+                                partition = %c.partition, owner = %c.owner, epoch = c.epoch,
+                                "assigned"
+                            );
                         }
                     }
                 }
@@ -369,14 +382,37 @@ impl Baton {
         Ok(p)
     }
 
-    fn write_assignments(
-        &self,
-        p: &BaseProducer,
-        changes: &[AssignmentRecord],
-    ) -> anyhow::Result<()> {
+    /// Writes the controller's `events` in one transaction of its fenced producer (made first
+    /// when there is none); false, with the producer dropped, when that fails (fenced by a
+    /// newer controller, or the broker failed): the next tick starts over.
+    fn write_fenced(&self, producer: &mut Option<BaseProducer>, events: &[ControlEvent]) -> bool {
+        if producer.is_none() {
+            match self.controller_producer() {
+                Ok(p) => *producer = Some(p),
+                Err(e) => {
+                    tracing::warn!("becoming the controller: {e:#}");
+                    return false;
+                }
+            }
+        }
+        let p = producer.as_ref().expect("set above");
+        match self.write_events(p, events) {
+            Ok(()) => {
+                self.wake_control_follower();
+                true
+            }
+            Err(e) => {
+                tracing::warn!("writing the controller's decisions: {e:#}");
+                *producer = None;
+                false
+            }
+        }
+    }
+
+    fn write_events(&self, p: &BaseProducer, events: &[ControlEvent]) -> anyhow::Result<()> {
         p.begin_transaction()?;
-        for c in changes {
-            let value = serde_json::to_vec(&ControlEvent::Assigned(c.clone()))?;
+        for c in events {
+            let value = serde_json::to_vec(c)?;
             let rec = BaseRecord::<(), [u8]>::to(&self.control_topic)
                 .partition(0)
                 .payload(&value);

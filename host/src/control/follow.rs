@@ -169,6 +169,8 @@ impl Baton {
                 self.catalog.lock().apply(event);
                 self.on_move(&m);
             }
+            // The target reads it from the log-ordered catalog.
+            ControlEvent::Released(_) => self.catalog.lock().apply(event),
         }
     }
 

@@ -18,18 +18,11 @@ impl Baton {
         self.control.lock()
     }
 
-    /// Makes the next `n` control-log appends fail (tests only).
-    #[doc(hidden)]
-    pub fn fail_control_appends_for_test(&self, n: u32) {
-        self.control_faults.store(n, Ordering::SeqCst);
-    }
-
     /// Appends `event` to the control log; answers its offset.
     pub(crate) fn append_control(&self, event: &ControlEvent) -> Result<u64> {
         if self
-            .control_faults
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
+            .steps
+            .injected(crate::steps::CONTROL_APPEND_FAILS, &self.control_topic)
         {
             return Err(Error::Unavailable(
                 "control log append failed (injected)".into(),

@@ -57,6 +57,57 @@ pub enum ControlEvent {
     Assigned(AssignmentRecord),
     /// A live move of a partition to another host began or went on to a new phase.
     Move(MoveRecord),
+    /// A move's owner drained the partition: it stopped and committed, and processes it at
+    /// this epoch no more. Where its input and changelogs ended, for the target to check.
+    Released(ReleaseRecord),
+}
+
+/// The owner's release of a partition to a move's target, as the control log records it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRecord {
+    /// The move.
+    #[serde(rename = "move")]
+    pub move_id: String,
+    /// The pipeline.
+    pub pipeline: String,
+    /// The partition.
+    pub partition: String,
+    /// The owner that released it.
+    pub owner: String,
+    /// The epoch it released (the owner's).
+    pub epoch: u64,
+    /// Per input slot: the next offset to process, which the final commit stored.
+    pub offsets: Vec<InputOffset>,
+    /// Per store and slot: the changelog offset after the last record the owner's state holds
+    /// (its own final writes included).
+    pub changelogs: Vec<ChangelogEnd>,
+    /// When (ms since the epoch).
+    pub at: i64,
+}
+
+/// Where an input slot's processing ended.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputOffset {
+    /// Input topic.
+    pub topic: String,
+    /// Slot.
+    pub slot: u32,
+    /// Next offset to process.
+    pub offset: u64,
+}
+
+/// Where a store's changelog slot ended.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChangelogEnd {
+    /// The store.
+    pub store: String,
+    /// Slot.
+    pub slot: u32,
+    /// The offset after the last record applied.
+    pub end: u64,
 }
 
 /// Where a live move of a partition is.
@@ -117,13 +168,18 @@ pub struct MoveRecord {
     /// abandonment after it reads as the move done. Set by the catalog, never appended.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub taken_over: bool,
+    /// The owner's release, once it came in the control log while the move was under way.
+    /// Set by the catalog, never appended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<Box<ReleaseRecord>>,
 }
 
 /// One step of a move's pause.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MoveStep {
-    /// What ended: `answered` (the owner's drain answer arrived), `caught-up` (the final
+    /// What ended: `answered` (the owner's drain answer arrived), `released` (its release
+    /// read back from the control log), `caught-up` (the release checked and the final
     /// changelog records applied), `assigned` (the new owner recorded), `started` (its loop
     /// started), `session`, `instance`, `clients` (producer fenced the old one, consumer open),
     /// `restore`, `positions`, `first-call`.
@@ -160,6 +216,10 @@ pub struct AssignmentRecord {
     /// abandonment that comes after it is read as the move done.
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "move")]
     pub move_id: Option<String>,
+    /// With `move`: the take-over follows the owner's release (hosts that record releases
+    /// set it), and counts only if that release came in the log while the move was under way.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub after_release: bool,
 }
 
 /// A request to process dead letters again through the pipeline's current version.
@@ -293,7 +353,55 @@ mod tests {
             standbys: Vec::new(),
             at: 0,
             move_id: move_id.map(str::to_string),
+            after_release: false,
         })
+    }
+
+    /// Move m1 of p-0 from a to b at `phase`.
+    fn move_phase(phase: MovePhase) -> ControlEvent {
+        ControlEvent::Move(MoveRecord {
+            id: "m1".into(),
+            pipeline: "p".into(),
+            partition: "p-0".into(),
+            from: "a".into(),
+            to: "b".into(),
+            phase,
+            pause_ms: None,
+            reason: (phase == MovePhase::Abandoned).then(|| "gave up".into()),
+            steps: Vec::new(),
+            at: 0,
+            taken_over: false,
+            release: None,
+        })
+    }
+
+    /// `owner`'s release of p-0 at `epoch` for move m1.
+    fn released(owner: &str, epoch: u64) -> ControlEvent {
+        ControlEvent::Released(ReleaseRecord {
+            move_id: "m1".into(),
+            pipeline: "p".into(),
+            partition: "p-0".into(),
+            owner: owner.into(),
+            epoch,
+            offsets: vec![InputOffset {
+                topic: "in".into(),
+                slot: 0,
+                offset: 7,
+            }],
+            changelogs: Vec::new(),
+            at: 0,
+        })
+    }
+
+    /// b's take-over of p-0 at epoch 2 for move m1, after a release.
+    fn taken_over_after_release() -> ControlEvent {
+        match assigned("b", 2, Some("m1")) {
+            ControlEvent::Assigned(a) => ControlEvent::Assigned(AssignmentRecord {
+                after_release: true,
+                ..a
+            }),
+            e => e,
+        }
     }
 
     /// Pipeline `p`: one partition of two slots.
@@ -338,21 +446,7 @@ mod tests {
     #[test]
     fn a_take_over_and_an_abandonment_of_one_move_are_decided_by_their_order() {
         let pipeline = one_partition_pipeline();
-        let phase = |phase: MovePhase| {
-            ControlEvent::Move(MoveRecord {
-                id: "m1".into(),
-                pipeline: "p".into(),
-                partition: "p-0".into(),
-                from: "a".into(),
-                to: "b".into(),
-                phase,
-                pause_ms: None,
-                reason: (phase == MovePhase::Abandoned).then(|| "gave up".into()),
-                steps: Vec::new(),
-                at: 0,
-                taken_over: false,
-            })
-        };
+        let phase = move_phase;
         let run = |events: Vec<ControlEvent>| {
             let mut c = Catalog::default();
             c.apply(ControlEvent::Pipeline(Box::new(pipeline.clone())));
@@ -397,6 +491,68 @@ mod tests {
             run(vec![phase(MovePhase::Abandoned), assigned("b", 2, None)]),
             ("b".into(), 2, MovePhase::Abandoned)
         );
+    }
+
+    #[test]
+    fn a_take_over_after_a_release_counts_only_after_the_owners_release_in_time() {
+        let pipeline = one_partition_pipeline();
+        let run = |events: Vec<ControlEvent>| {
+            let mut c = Catalog::default();
+            c.apply(ControlEvent::Pipeline(Box::new(pipeline.clone())));
+            c.apply(assigned("a", 1, None));
+            c.apply(move_phase(MovePhase::Warming));
+            c.apply(move_phase(MovePhase::Handoff));
+            for e in events {
+                c.apply(e);
+            }
+            let a = c.assignments["p-0"].clone();
+            let m = c.moves["p-0"][0].clone();
+            (a.owner, a.epoch, m.phase, m.release.is_some())
+        };
+        // Released, then taken over: done, the release kept through later phases.
+        assert_eq!(
+            run(vec![
+                released("a", 1),
+                taken_over_after_release(),
+                move_phase(MovePhase::Done)
+            ]),
+            ("b".into(), 2, MovePhase::Done, true)
+        );
+        // A take-over that follows a release which is not in the log does not count.
+        assert_eq!(
+            run(vec![taken_over_after_release()]),
+            ("a".into(), 1, MovePhase::Handoff, false)
+        );
+        // A release after the abandonment does not count, nor the take-over after it.
+        assert_eq!(
+            run(vec![
+                move_phase(MovePhase::Abandoned),
+                released("a", 1),
+                taken_over_after_release()
+            ]),
+            ("a".into(), 1, MovePhase::Abandoned, false)
+        );
+        // Only the owner, at its epoch, releases.
+        assert_eq!(
+            run(vec![released("b", 1), released("a", 0)]),
+            ("a".into(), 1, MovePhase::Handoff, false)
+        );
+        // Released, then abandoned before any take-over: the owner keeps the partition.
+        assert_eq!(
+            run(vec![
+                released("a", 1),
+                move_phase(MovePhase::Abandoned),
+                taken_over_after_release()
+            ]),
+            ("a".into(), 1, MovePhase::Abandoned, true)
+        );
+        // A release record round-trips through the log's JSON.
+        let bytes = serde_json::to_vec(&released("a", 1)).unwrap();
+        assert!(String::from_utf8_lossy(&bytes).contains(r#""type":"released""#));
+        assert!(matches!(
+            parse_event(&bytes).unwrap(),
+            ControlEvent::Released(r) if r.offsets[0].offset == 7
+        ));
     }
 
     #[test]
@@ -532,7 +688,7 @@ impl Catalog {
                 // once it reads the move abandoned, and must stay the only writer.
                 let taken_over_in_time = a.move_id.as_ref().is_none_or(|id| {
                     self.move_under_way(&a.partition)
-                        .is_some_and(|m| m.id == *id)
+                        .is_some_and(|m| m.id == *id && (!a.after_release || m.release.is_some()))
                 });
                 if newer && taken_over_in_time && self.pipelines.contains_key(&a.pipeline) {
                     if let Some(id) = &a.move_id
@@ -553,6 +709,7 @@ impl Catalog {
                 let moves = self.moves.entry(m.partition.clone()).or_default();
                 let known = moves.iter().find(|old| old.id == m.id);
                 m.taken_over = known.is_some_and(|old| old.taken_over);
+                m.release = known.and_then(|old| old.release.clone());
                 // Abandoned after its target's take-over came in the log: done.
                 if m.phase == MovePhase::Abandoned && m.taken_over {
                     m.phase = MovePhase::Done;
@@ -568,6 +725,27 @@ impl Catalog {
                             moves.remove(0);
                         }
                     }
+                }
+            }
+            ControlEvent::Released(r) => {
+                // Counts only while the move is under way and the releasing host owns the
+                // partition at the epoch it names.
+                let owns = self
+                    .assignments
+                    .get(&r.partition)
+                    .is_some_and(|a| a.owner == r.owner && a.epoch == r.epoch);
+                let under_way = self
+                    .move_under_way(&r.partition)
+                    .is_some_and(|m| m.id == r.move_id && m.from == r.owner);
+                if owns
+                    && under_way
+                    && let Some(m) = self
+                        .moves
+                        .get_mut(&r.partition)
+                        .and_then(|ms| ms.iter_mut().find(|m| m.id == r.move_id))
+                    && m.release.is_none()
+                {
+                    m.release = Some(Box::new(r));
                 }
             }
             ControlEvent::PipelineDeleted(d) => {

@@ -75,6 +75,9 @@ pub struct KafkaIo {
     restored: u64,
     /// A warming replica's changelog reader, which the restore goes on with.
     warm: Option<super::tail::Tail>,
+    /// What a move's target checked of the owner's release just before this session: the
+    /// group's committed offsets, and that the warm reader is at the changelogs' ends.
+    checked: Option<Checked>,
     /// Asked for the inputs' ends (for the lag); it never fetches.
     watermarks: InputConsumer,
     /// Per input slot: the next offset when it last changed, and since when it has not.
@@ -99,6 +102,15 @@ pub struct Prepared {
     consumer: InputConsumer,
     producer: BatchProducer,
     tail: super::tail::Tail,
+    checked: Option<Checked>,
+}
+
+/// The group's committed offsets of input slots, read and checked against the owner's release
+/// by a move's target, with its reader caught up to the released changelog ends: the owner
+/// released the partition, so neither can change before the session starts, and the session
+/// need not read them again on the pause path.
+struct Checked {
+    committed: HashMap<(String, u32), Option<u64>>,
 }
 
 impl Prepared {
@@ -132,12 +144,30 @@ impl Prepared {
             consumer,
             producer,
             tail,
+            checked: None,
         })
+    }
+
+    /// Records what the take-over checked of the release: the group's `committed` offsets of
+    /// the slots `tps`, and the tail caught up to the released changelog ends.
+    pub fn checked(&mut self, tps: &[(String, u32)], committed: &[Option<u64>]) {
+        self.checked = Some(Checked {
+            committed: tps.iter().cloned().zip(committed.iter().copied()).collect(),
+        });
     }
 
     /// The changelog reader, to keep warming with.
     pub fn tail(&mut self) -> &mut super::tail::Tail {
         &mut self.tail
+    }
+
+    /// The group's committed offsets of these input slots, stable ones only: a transaction
+    /// still completing is waited for.
+    pub fn committed(
+        &self,
+        tps: &[(String, u32)],
+    ) -> Result<Vec<Option<u64>>, crate::transport::TransportError> {
+        self.consumer.committed(tps)
     }
 }
 
@@ -152,8 +182,8 @@ impl KafkaIo {
         prepared: Option<Prepared>,
     ) -> anyhow::Result<Self> {
         let eos = pipeline.spec.guarantee == Guarantee::ExactlyOnce;
-        let (consumer, producer, warm) = match prepared {
-            Some(p) => (p.consumer, p.producer, Some(p.tail)),
+        let (consumer, producer, warm, checked) = match prepared {
+            Some(p) => (p.consumer, p.producer, Some(p.tail), p.checked),
             None => {
                 let consumer = transport.input_consumer(&pipeline.group_id())?;
                 let txn_id = pipeline.transactional_id(id);
@@ -162,14 +192,16 @@ impl KafkaIo {
                     transport.check_compacted(&pipeline.changelog_topic(&s))?;
                 }
                 check_inputs(&transport, &pipeline)?;
-                (consumer, producer, None)
+                (consumer, producer, None, None)
             }
         };
         // A move's target registers its producer (fencing the old owner's) on the committer
-        // thread, while the session restores and reads its positions: the old owner has
-        // drained (committed, stopped, and holds the partition), so nothing it could write is
-        // left to fence, and the first commit waits for the registration. Any other session
-        // (a failover, whose old owner may still be alive) fences first.
+        // thread, while the session restores and reads its positions: the old owner released
+        // the partition in the control log, and the target checked before taking over that
+        // its last transaction is complete and its offsets and changelog ends are the
+        // released ones, so nothing it could write is left to fence; the first commit waits
+        // for the registration. Any other session (a failover, whose old owner may still be
+        // alive) fences first.
         let deferred_init = eos && warm.is_some();
         if eos && !deferred_init {
             producer.connect(Duration::from_secs(10))?;
@@ -210,6 +242,7 @@ impl KafkaIo {
             sources,
             inputs_checked: Instant::now(),
             warm,
+            checked,
             watermarks,
             stalls: HashMap::new(),
             fetched_at: Instant::now(),
@@ -291,7 +324,10 @@ impl PartitionIo for KafkaIo {
         let started = Instant::now();
         let mut tail = match self.warm.take() {
             Some(mut warm) => {
-                warm.refresh()?;
+                // Caught up to the released ends just now: nobody writes after a release.
+                if self.checked.is_none() {
+                    warm.refresh()?;
+                }
                 warm
             }
             None => {
@@ -371,7 +407,15 @@ impl PartitionIo for KafkaIo {
             .iter()
             .flat_map(|t| self.slots.clone().map(move |s| (t.clone(), s)))
             .collect();
-        let committed = self.consumer.committed(&tps)?;
+        let checked = self.checked.take().and_then(|c| {
+            tps.iter()
+                .map(|tp| c.committed.get(tp).copied())
+                .collect::<Option<Vec<_>>>()
+        });
+        let committed = match checked {
+            Some(c) => c,
+            None => self.consumer.committed(&tps)?,
+        };
         let mut out = vec![Vec::new(); topics.len()];
         let mut assign = Vec::new();
         self.sources.replay_ends.clear();

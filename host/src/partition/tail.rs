@@ -108,6 +108,22 @@ impl Tail {
             .all(|&(si, slot, start, hi)| self.at(si, slot, start) >= hi)
     }
 
+    /// The end last seen of changelog partition `slot` of `topic` (for committed reads: the
+    /// last stable offset); `None` when this reader does not read it.
+    pub fn end(&self, topic: &str, slot: u32) -> Option<u64> {
+        self.part(topic, slot).map(|&(_, _, _, hi)| hi)
+    }
+
+    /// Where reading changelog partition `slot` of `topic` began.
+    pub fn start(&self, topic: &str, slot: u32) -> Option<u64> {
+        self.part(topic, slot).map(|&(_, _, start, _)| start)
+    }
+
+    fn part(&self, topic: &str, slot: u32) -> Option<&(usize, u32, u64, u64)> {
+        let si = self.changelogs.iter().position(|t| t == topic)?;
+        self.parts.iter().find(|p| p.0 == si && p.1 == slot)
+    }
+
     /// Asks the broker for the changelogs' ends again; answers how far behind them this is.
     pub fn refresh(&mut self) -> anyhow::Result<u64> {
         for (si, slot, _, hi) in &mut self.parts {
