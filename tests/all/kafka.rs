@@ -369,13 +369,30 @@ fn produce_until(
     })
 }
 
-/// Kills the host 3 times while records flow, each time while it makes progress.
+/// Input records that may be processed again after the kills, per pipeline (wc, up): for each
+/// kill, those between the group's offsets read just before it and the input's end just after.
+#[derive(Debug, Default)]
+struct Redo {
+    wc: u64,
+    up: u64,
+}
+
+/// The sum of the committed offsets over `topic` of `pipeline`'s group (`<cluster>.<pipeline>`)
+/// of the host on `dir`.
+fn committed_sum(dir: &std::path::Path, pipeline: &str, topic: &str) -> anyhow::Result<u64> {
+    let group = format!("{}.{pipeline}", baton_tests::cluster_name(dir));
+    Ok(baton_tests::group_offsets(&group, topic, 8)?.iter().sum())
+}
+
+/// Kills the host 3 times while records flow, each time while it makes progress; answers the
+/// last host and what the kills may have had processed again.
 async fn kill_three_times(
     dir: &std::path::Path,
     flags: &[&str],
     mut host: ChildHost,
     flow: &Flow,
-) -> anyhow::Result<ChildHost> {
+) -> anyhow::Result<(ChildHost, Redo)> {
+    let mut redo = Redo::default();
     let seed = baton_tests::test_seed("kill_three_times");
     for round in 0..3u64 {
         // Mid-stream: processing while records flow (a host that keeps up shows little lag).
@@ -404,10 +421,17 @@ async fn kill_three_times(
             },
         )
         .await?;
+        let (wc, up) = (
+            committed_sum(dir, &flow.wc, &flow.input)?,
+            committed_sum(dir, &flow.up, &flow.input)?,
+        );
         baton_tests::kill9_at_random(host, seed, round, done, lag).await?;
+        let end: u64 = baton_tests::end_offsets(&flow.input, 8)?.iter().sum();
+        redo.wc += end.saturating_sub(wc);
+        redo.up += end.saturating_sub(up);
         host = ChildHost::start(dir, flags).await?;
     }
-    Ok(host)
+    Ok((host, redo))
 }
 
 async fn wait_both(api: &Api, flow: &Flow, total: u64) -> anyhow::Result<()> {
@@ -437,18 +461,18 @@ async fn run_with_three_kills(
     dir: &std::path::Path,
     guarantee: &str,
     contract: &str,
-) -> anyhow::Result<(ChildHost, Flow, Vec<(String, String)>)> {
+) -> anyhow::Result<(ChildHost, Flow, Vec<(String, String)>, Redo)> {
     let bootstrap = kafka_bootstrap();
     let flags = kill_flags(&bootstrap);
     let host = ChildHost::start(dir, &flags).await?;
     let flow = deploy(&host.api, guarantee, contract).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let producer = produce_until(&flow, stop.clone());
-    let host = kill_three_times(dir, &flags, host, &flow).await?;
+    let (host, redo) = kill_three_times(dir, &flags, host, &flow).await?;
     stop.store(true, Ordering::Relaxed);
     producer.await??;
     let sent = flow.sent.lock().await.clone();
-    Ok((host, flow, sent))
+    Ok((host, flow, sent, redo))
 }
 
 /// How many times each (key, value) occurs.
@@ -464,7 +488,7 @@ fn multiset(records: Vec<(String, String)>) -> BTreeMap<(String, String), usize>
 async fn exactly_once_survives_three_kill_9_and_the_loss_of_the_data_dir() -> anyhow::Result<()> {
     let _k = kafka_lock().await;
     let dir = tempfile::tempdir()?;
-    let (host, flow, sent) = run_with_three_kills(dir.path(), "exactly-once", "0.2").await?;
+    let (host, flow, sent, _) = run_with_three_kills(dir.path(), "exactly-once", "0.2").await?;
     assert!(sent.len() >= 4_000, "only {} records were sent", sent.len());
     wait_both(&host.api, &flow, sent.len() as u64).await?;
 
@@ -522,11 +546,25 @@ async fn exactly_once_survives_three_kill_9_and_the_loss_of_the_data_dir() -> an
 async fn at_least_once_loses_nothing_across_three_kill_9() -> anyhow::Result<()> {
     let _k = kafka_lock().await;
     let dir = tempfile::tempdir()?;
-    let (host, flow, sent) = run_with_three_kills(dir.path(), "at-least-once", "0.1").await?;
+    let (host, flow, sent, redo) = run_with_three_kills(dir.path(), "at-least-once", "0.1").await?;
     wait_both(&host.api, &flow, sent.len() as u64).await?;
+    // Everything committed at last, under the group names the bounds were read with.
+    let total = sent.len() as u64;
+    wait_for(
+        "both groups committed to the end",
+        Duration::from_secs(60),
+        || async {
+            let done = committed_sum(dir.path(), &flow.wc, &flow.input)? == total
+                && committed_sum(dir.path(), &flow.up, &flow.input)? == total;
+            Ok(done.then_some(()))
+        },
+    )
+    .await?;
 
+    // Nothing lost; a record counted or written again only if it was after the last commit
+    // before a kill.
     let expected = count(sent.iter().map(|(k, _)| k.as_str()));
-    let mut counted_twice = 0i64;
+    let mut counted_twice = 0u64;
     for (key, n) in &expected {
         let got = host
             .api
@@ -534,7 +572,7 @@ async fn at_least_once_loses_nothing_across_three_kill_9() -> anyhow::Result<()>
             .await?
             .unwrap_or(0);
         assert!(got >= *n, "count of {key}: {got} < {n}: a record was lost");
-        counted_twice += got - n;
+        counted_twice += (got - n) as u64;
     }
     let out = read_committed(&flow.output, 8)?;
     let got = multiset(out);
@@ -542,10 +580,21 @@ async fn at_least_once_loses_nothing_across_three_kill_9() -> anyhow::Result<()>
     for kv in want.keys() {
         assert!(got.contains_key(kv), "output {kv:?} is missing");
     }
-    let outputs_twice: usize = got.values().map(|n| n - 1).sum();
-    println!(
-        "at-least-once over 3 kills: {} records, {counted_twice} counted twice, {outputs_twice} outputs written twice",
-        sent.len()
+    assert!(
+        got.keys().all(|kv| want.contains_key(kv)),
+        "an output that no input record makes"
+    );
+    let outputs_twice: u64 = got.values().map(|n| (n - 1) as u64).sum();
+    assert!(
+        counted_twice <= redo.wc,
+        "{counted_twice} counted twice, over the {} records after the last commits before the kills",
+        redo.wc
+    );
+    assert!(
+        outputs_twice <= redo.up,
+        "{outputs_twice} outputs written twice, over the {} records after the last commits before \
+         the kills",
+        redo.up
     );
     host.terminate()
 }
