@@ -982,8 +982,8 @@ async fn a_take_over_checks_what_the_owner_released() -> anyhow::Result<()> {
             .as_array()
             .into_iter()
             .flatten()
-            .any(|s| s["step"] == "released"),
-        "the pause shows the release read back: {done}"
+            .any(|s| s["step"] == "checked"),
+        "the pause shows the release checked: {done}"
     );
     let last = baton_tests::words(500, 100, 39);
     producer.send(&input, 2, &records(&last)).await?;

@@ -134,6 +134,9 @@ pub struct Drained {
     /// The control-log offset of the owner's release (absent from hosts before releases).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released_at: Option<u64>,
+    /// The release as recorded there, for the target to check at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<ReleaseRecord>,
 }
 
 /// The body of `POST /api/v1/partitions/{id}/move`.
@@ -575,34 +578,34 @@ impl Baton {
             .unwrap_or(answered);
         let mut marks: Vec<(&'static str, Instant)> = vec![("answered", answered)];
 
-        // The release takes effect when read back: the control log's order says whether it
-        // came while the move was under way.
-        let released_at = drained.released_at.ok_or_else(|| {
-            format!(
-                "the owner `{}` runs an older baton, which records no release in the control \
-                 log: upgrade it to baton {} (or later) to move its partitions",
-                m.from,
-                env!("CARGO_PKG_VERSION")
-            )
-        })?;
-        if !self.read_back_until_stopped(released_at) {
-            return Err("the host stops".into());
+        // The release is in the control log (the owner answers once it is acknowledged), so
+        // the take-over appended below lands after it. Whether it counts (it came while the
+        // move was under way) the log decides for every host: an assignment that follows a
+        // release counts only after a release that counted, which the read-back of the
+        // take-over shows. Its content, checked here, is what the owner recorded.
+        let release = drained
+            .release
+            .clone()
+            .filter(|_| drained.released_at.is_some())
+            .ok_or_else(|| {
+                format!(
+                    "the owner `{}` runs an older baton, which records no release in the \
+                     control log: upgrade it to baton {} (or later) to move its partitions",
+                    m.from,
+                    env!("CARGO_PKG_VERSION")
+                )
+            })?;
+        if release.move_id != m.id || release.owner != m.from || release.partition != m.partition {
+            return Err(format!(
+                "the owner answered with a release of move `{}` of `{}` by `{}`",
+                release.move_id, release.partition, release.owner
+            ));
         }
-        let release = self
-            .log_catalog
-            .lock()
-            .moves
-            .get(&m.partition)
-            .and_then(|ms| ms.iter().find(|x| x.id == m.id))
-            .filter(|x| !x.phase.ended())
-            .and_then(|x| x.release.clone())
-            .ok_or("the move ended before the owner's release in the control log")?;
-        marks.push(("released", Instant::now()));
 
         // Before the take-over: the owner's last transaction is complete, and this replica
         // holds exactly what the owner released.
         check_release(&release, &record, &mut prepared, &replica, &db)?;
-        marks.push(("caught-up", Instant::now()));
+        marks.push(("checked", Instant::now()));
 
         // Take over, at the next epoch.
         let current = self.catalog.lock().assignments.get(&m.partition).cloned();
@@ -734,7 +737,7 @@ impl Baton {
             )));
         };
         let committed = Instant::now();
-        let released_at = self
+        let released = self
             .release(&handle, move_id, &offsets)
             .map_err(|e| Error::Unavailable(format!("recording the release: {e}")));
         // Resumed if nobody takes it over in time. The loop's clients close meanwhile: the
@@ -758,24 +761,26 @@ impl Baton {
                     }
                 }
             });
-        let released_at = released_at?;
+        let (released_at, release) = released?;
         tracing::info!(partition, move_id, "drained and released for a move");
         Ok(Drained {
             move_id: move_id.to_string(),
             since_commit_us: committed.elapsed().as_micros() as u64,
             offsets,
             released_at: Some(released_at),
+            release: Some(release),
         })
     }
 
     /// Records the release of the drained partition of `handle` to move `move_id` in the
-    /// control log: where its input and changelogs ended. Answers the event's offset.
+    /// control log: where its input and changelogs ended. Answers the event's offset and the
+    /// release.
     fn release(
         &self,
         handle: &crate::partition::supervisor::PartitionHandle,
         move_id: &str,
         offsets: &[crate::partition::SlotProgress],
-    ) -> std::result::Result<u64, String> {
+    ) -> std::result::Result<(u64, ReleaseRecord), String> {
         let stores = self
             .catalog
             .lock()
@@ -807,7 +812,7 @@ impl Baton {
                 });
             }
         }
-        let event = ControlEvent::Released(ReleaseRecord {
+        let release = ReleaseRecord {
             move_id: move_id.to_string(),
             pipeline: handle.pipeline.clone(),
             partition: handle.id.clone(),
@@ -829,10 +834,11 @@ impl Baton {
                 .collect(),
             changelogs,
             at: now_ms(),
-        });
+        };
+        let event = ControlEvent::Released(release.clone());
         let at = self.append_control(&event).map_err(|e| e.to_string())?;
         self.catalog.lock().apply(event);
-        Ok(at)
+        Ok((at, release))
     }
 
     /// The owner's side when nobody took its drained partition over in time: it records the

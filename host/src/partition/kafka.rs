@@ -472,11 +472,13 @@ impl PartitionIo for KafkaIo {
         // The inputs' ends, asked before the consumer fetches (after, a question waits behind
         // its long poll): the lag is known at once, and the consumer learns the partitions'
         // leaders now, so its first fetch goes out as soon as it is assigned.
+        let tps: Vec<(String, u32)> = assign.iter().map(|(t, s, _)| (t.clone(), *s)).collect();
+        let ends = self.consumer.ends(&tps).ok();
         let mut waiting = Vec::with_capacity(assign.len());
-        for (topic, slot, next) in &assign {
+        for (i, (topic, slot, next)) in assign.iter().enumerate() {
             let mut lag = 0;
             if let Some(ti) = self.sources.topics.iter().position(|t| t == topic)
-                && let Ok((_, hi)) = self.consumer.watermarks(topic, *slot)
+                && let Some(hi) = ends.as_ref().map(|e| e[i])
             {
                 self.ends.insert((ti, *slot), (hi, Instant::now()));
                 lag = hi.saturating_sub(*next);

@@ -126,8 +126,14 @@ impl Tail {
 
     /// Asks the broker for the changelogs' ends again; answers how far behind them this is.
     pub fn refresh(&mut self) -> anyhow::Result<u64> {
-        for (si, slot, _, hi) in &mut self.parts {
-            *hi = self.ends.watermarks(&self.changelogs[*si], *slot)?.1;
+        let tps: Vec<(String, u32)> = self
+            .parts
+            .iter()
+            .map(|&(si, slot, _, _)| (self.changelogs[si].clone(), slot))
+            .collect();
+        let ends = self.ends.ends(&tps)?;
+        for ((_, _, _, hi), end) in self.parts.iter_mut().zip(ends) {
+            *hi = end;
         }
         Ok(self.behind())
     }

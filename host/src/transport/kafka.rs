@@ -723,7 +723,9 @@ impl KafkaTransport {
             .client(&[
                 ("enable.idempotence", "true"),
                 ("acks", "all"),
-                ("linger.ms", "1"),
+                // An append waits for its acknowledgement (a control event on a move's pause
+                // path, say): records handed over together still go together.
+                ("linger.ms", "0"),
             ])
             .create_with_context(AppendContext)
             .map_err(|e| kerr("producer", e))?;
@@ -1201,6 +1203,40 @@ impl InputConsumer {
                 },
             )
             .collect())
+    }
+
+    /// The ends of these topic partitions (for committed reads, the last stable offsets), asked
+    /// in one request per broker instead of one per partition.
+    pub fn ends(&self, tps: &[(String, u32)]) -> Result<Vec<u64>, TransportError> {
+        let mut tpl = TopicPartitionList::new();
+        for (t, p) in tps {
+            // A "timestamp" of -1 asks for the latest offset.
+            tpl.add_partition_offset(t, *p as i32, Offset::End)
+                .map_err(|e| kerr("end offsets", e))?;
+        }
+        let got = settle(
+            || format!("the ends of {tps:?}"),
+            SETTLE_FOR,
+            || -> Result<TopicPartitionList, RdError> {
+                let got = self
+                    .consumer
+                    .offsets_for_times(tpl.clone(), Duration::from_secs(10))?;
+                for e in got.elements() {
+                    e.error()?;
+                }
+                Ok(got)
+            },
+        )
+        .map_err(|e| kerr("end offsets", e))?;
+        tps.iter()
+            .map(
+                |(t, p)| match got.find_partition(t, *p as i32).map(|e| e.offset()) {
+                    Some(Offset::Offset(o)) if o >= 0 => Ok(o as u64),
+                    // Not answered as an offset: asked on its own.
+                    _ => self.watermarks(t, *p).map(|(_, hi)| hi),
+                },
+            )
+            .collect()
     }
 
     /// Assigns these topic partitions at these offsets: once per consumer (a session makes a
