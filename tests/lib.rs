@@ -855,19 +855,26 @@ pub async fn member(dir: &Path, cluster: &str, id: &str) -> Result<InProcess> {
 /// A `baton run` process on Kafka, host `id` of `cluster`, with the tests' 6 s session: the
 /// process counterpart of [`member`].
 pub async fn child_member(dir: &Path, cluster: &str, id: &str) -> Result<ChildHost> {
-    ChildHost::start_in(
-        dir,
-        cluster,
-        &[
-            "--kafka",
-            &kafka_bootstrap(),
-            "--host-id",
-            id,
-            "--session-timeout",
-            "6s",
-        ],
-    )
-    .await
+    child_member_with(dir, cluster, id, &[]).await
+}
+
+/// [`child_member`] with environment variables `env` set for the process.
+async fn child_member_with(
+    dir: &Path,
+    cluster: &str,
+    id: &str,
+    env: &[(&str, &str)],
+) -> Result<ChildHost> {
+    let bootstrap = kafka_bootstrap();
+    let flags = [
+        "--kafka",
+        &bootstrap,
+        "--host-id",
+        id,
+        "--session-timeout",
+        "6s",
+    ];
+    ChildHost::start_with(dir, cluster, "64MiB", &flags, env).await
 }
 
 /// Like [`child_member`], with holds and faults set by `baton::steps::STEPS_ENV` to `steps`;
@@ -880,24 +887,11 @@ pub async fn child_member_held(
 ) -> Result<ChildHost> {
     let reached = dir.join("steps.reached");
     let reached = reached.to_string_lossy();
-    ChildHost::start_with(
-        dir,
-        cluster,
-        "64MiB",
-        &[
-            "--kafka",
-            &kafka_bootstrap(),
-            "--host-id",
-            id,
-            "--session-timeout",
-            "6s",
-        ],
-        &[
-            (baton::steps::STEPS_ENV, steps),
-            (baton::steps::STEPS_LOG_ENV, &reached),
-        ],
-    )
-    .await
+    let env = [
+        (baton::steps::STEPS_ENV, steps),
+        (baton::steps::STEPS_LOG_ENV, &reached),
+    ];
+    child_member_with(dir, cluster, id, &env).await
 }
 
 /// Waits (up to `timeout`) until the host started by [`child_member_held`] on `dir` reached

@@ -368,24 +368,11 @@ impl Baton {
                 after_release: false,
                 ..a
             });
-            match self.append_control(&event) {
-                Ok(at) => {
-                    if !self.read_back_until_stopped(at) {
-                        return;
-                    }
-                    self.adopt_log_order(partition);
-                    break;
-                }
-                Err(e) => {
-                    if self.background_stop.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    tracing::warn!(
-                        partition,
-                        "recording this host's assignment again: {e}; again in 1 s"
-                    );
-                    std::thread::sleep(Duration::from_secs(1));
-                }
+            match self.append_and_read_back(partition, &event, false) {
+                Ok(true) => break,
+                Ok(false) => return,
+                Err(e) if self.retry_after(partition, "this host's assignment", &e) => {}
+                Err(_) => return,
             }
         }
         self.held.lock().remove(partition);
@@ -394,6 +381,37 @@ impl Baton {
             "the move was abandoned after the release: resuming at the next epoch"
         );
         self.follow_assignments(pipeline);
+    }
+
+    /// Appends `event` (under the control lock when `locked`) and reads it back, then takes
+    /// `partition`'s assignment and moves from the log's order; false when the host stops
+    /// before the read-back.
+    fn append_and_read_back(
+        &self,
+        partition: &str,
+        event: &ControlEvent,
+        locked: bool,
+    ) -> Result<bool> {
+        let at = {
+            let _control = locked.then(|| self.control.lock());
+            self.append_control(event)?
+        };
+        if !self.read_back_until_stopped(at) {
+            return Ok(false);
+        }
+        self.adopt_log_order(partition);
+        Ok(true)
+    }
+
+    /// After a failed append of `what` for `partition`: waits 1 s and answers true, or false
+    /// when the host stops.
+    fn retry_after(&self, partition: &str, what: &str, e: &Error) -> bool {
+        if self.background_stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        tracing::warn!(partition, "recording {what}: {e}; again in 1 s");
+        std::thread::sleep(Duration::from_secs(1));
+        true
     }
 
     /// Waits until the follower has read the control log past `offset` (waking it first);
@@ -870,25 +888,11 @@ impl Baton {
                 release: None,
                 ..m
             });
-            let appended = {
-                let _control = self.control.lock();
-                self.append_control(&event)
-            };
-            match appended {
-                Ok(at) => {
-                    if !self.read_back_until_stopped(at) {
-                        return;
-                    }
-                    self.adopt_log_order(partition);
-                    break;
-                }
-                Err(e) => {
-                    if self.background_stop.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    tracing::warn!(partition, "recording the move abandoned: {e}; again in 1 s");
-                    std::thread::sleep(Duration::from_secs(1));
-                }
+            match self.append_and_read_back(partition, &event, true) {
+                Ok(true) => break,
+                Ok(false) => return,
+                Err(e) if self.retry_after(partition, "the move abandoned", &e) => {}
+                Err(_) => return,
             }
         }
         if self.released_in_vain(partition, move_id) {
