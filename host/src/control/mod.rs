@@ -178,9 +178,9 @@ pub struct MoveRecord {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MoveStep {
-    /// What ended: `answered` (the owner's drain answer arrived), `released` (its release
-    /// read back from the control log), `caught-up` (the release checked and the final
-    /// changelog records applied), `assigned` (the new owner recorded), `started` (its loop
+    /// What ended: `answered` (the owner's drain answer, with its release, arrived), `checked`
+    /// (the release checked and the final changelog records applied), `assigned` (the new
+    /// owner recorded), `read-back` (that read back from the control log), `started` (its loop
     /// started), `session`, `instance`, `clients` (producer fenced the old one, consumer open),
     /// `restore`, `positions`, `first-call`.
     pub step: String,

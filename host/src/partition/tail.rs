@@ -32,6 +32,8 @@ pub struct Tail {
     stores: Vec<String>,
     /// Per changelog partition read: (store index, slot, offset read from, end last seen).
     parts: Vec<(usize, u32, u64, u64)>,
+    /// The changelog partitions of `parts`, in their order, as [`Tail::refresh`] asks for them.
+    tps: Vec<(String, u32)>,
 }
 
 impl Tail {
@@ -76,12 +78,17 @@ impl Tail {
             }
         }
         reader.assign(&assign, assign.len())?;
+        let tps = parts
+            .iter()
+            .map(|&(si, slot, _, _)| (changelogs[si].clone(), slot))
+            .collect();
         Ok(Tail {
             reader,
             ends,
             changelogs,
             stores,
             parts,
+            tps,
         })
     }
 
@@ -126,12 +133,7 @@ impl Tail {
 
     /// Asks the broker for the changelogs' ends again; answers how far behind them this is.
     pub fn refresh(&mut self) -> anyhow::Result<u64> {
-        let tps: Vec<(String, u32)> = self
-            .parts
-            .iter()
-            .map(|&(si, slot, _, _)| (self.changelogs[si].clone(), slot))
-            .collect();
-        let ends = self.ends.ends(&tps)?;
+        let ends = self.ends.ends(&self.tps)?;
         for ((_, _, _, hi), end) in self.parts.iter_mut().zip(ends) {
             *hi = end;
         }
