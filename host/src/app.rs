@@ -142,6 +142,8 @@ pub struct Baton {
     pub(crate) membership: std::sync::OnceLock<Box<dyn crate::cluster::Membership>>,
     /// The next control-log offset the follower reads (Kafka).
     pub(crate) control_offset: Mutex<u64>,
+    /// Notified when `control_offset` moves.
+    pub(crate) control_read: parking_lot::Condvar,
     /// The control-log offset after this host's last append.
     pub(crate) appended_to: std::sync::atomic::AtomicU64,
     /// What the replay at start read.
@@ -248,6 +250,7 @@ impl Baton {
             address,
             membership: std::sync::OnceLock::new(),
             control_offset: Mutex::new(control_end),
+            control_read: parking_lot::Condvar::new(),
             appended_to: std::sync::atomic::AtomicU64::new(control_end),
             replay,
             background_stop: Arc::new(std::sync::atomic::AtomicBool::new(false)),

@@ -27,14 +27,27 @@ impl Baton {
         let me = Arc::downgrade(self);
         let topic = self.control_topic.clone();
         let wake = self.control_wake.clone();
+        // A reader that stays assigned where the transport has one (Kafka): records arrive as
+        // they land, with no idle wait.
+        let mut tail = self.transport.tail(&topic, 0, from).unwrap_or_else(|e| {
+            tracing::warn!("a reader of the control log: {e}; reading it a batch at a time");
+            None
+        });
         std::thread::Builder::new()
             .name("baton-control".into())
             .spawn(move || {
                 let mut offset = from;
                 let mut since_snapshot = 0u64;
                 while !stop.load(Ordering::Relaxed) {
+                    let read = match tail.as_mut() {
+                        Some(t) => t.next(256, Duration::from_millis(50)),
+                        None => match me.upgrade() {
+                            Some(baton) => baton.transport.read_from(&topic, 0, offset, 256),
+                            None => return,
+                        },
+                    };
                     let Some(baton) = me.upgrade() else { return };
-                    let (records, next) = match baton.transport.read_from(&topic, 0, offset, 256) {
+                    let (records, next) = match read {
                         Ok(r) => r,
                         Err(e) => {
                             tracing::warn!("following the control log at {offset}: {e}");
@@ -47,10 +60,13 @@ impl Baton {
                         // Past markers and aborted records, if that is all there was.
                         if next > offset {
                             offset = next;
-                            *baton.control_offset.lock() = offset;
+                            baton.set_control_offset(offset);
                         }
                         drop(baton);
-                        wake.wait(Duration::from_millis(50));
+                        // A tail waited for records already.
+                        if tail.is_none() {
+                            wake.wait(Duration::from_millis(50));
+                        }
                         continue;
                     }
                     for r in records {
@@ -76,7 +92,7 @@ impl Baton {
                         }
                     }
                     offset = offset.max(next);
-                    *baton.control_offset.lock() = offset;
+                    baton.set_control_offset(offset);
                     if since_snapshot >= baton.config.control_snapshot_every.max(1)
                         && baton.is_controller()
                     {

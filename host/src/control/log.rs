@@ -53,13 +53,20 @@ impl Baton {
     /// log-ordered catalog), for at most `timeout`; true when it has.
     pub(crate) fn read_back(&self, offset: u64, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
-        while *self.control_offset.lock() <= offset {
-            if Instant::now() >= deadline {
-                return false;
+        let mut at = self.control_offset.lock();
+        while *at <= offset {
+            if self.control_read.wait_until(&mut at, deadline).timed_out() {
+                return *at > offset;
             }
-            std::thread::sleep(Duration::from_millis(2));
         }
         true
+    }
+
+    /// Records that the follower applied the control log up to `offset` (exclusive), and wakes
+    /// whoever waits for a read-back.
+    pub(crate) fn set_control_offset(&self, offset: u64) {
+        *self.control_offset.lock() = offset;
+        self.control_read.notify_all();
     }
 }
 

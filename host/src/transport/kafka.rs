@@ -1122,6 +1122,93 @@ impl Transport for KafkaTransport {
         let _ = reader.unassign();
         Ok((out, next))
     }
+
+    fn tail(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+    ) -> Result<Option<Box<dyn super::LogTail>>, TransportError> {
+        let consumer: BaseConsumer = self
+            .config
+            .client(
+                &[
+                    CONSUMER_DEFAULTS,
+                    FETCH_SETTINGS,
+                    &[("group.id", "baton.reader")],
+                ]
+                .concat(),
+            )
+            .create()
+            .map_err(|e| kerr("consumer", e))?;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, partition as i32, Offset::Offset(from as i64))
+            .map_err(|e| kerr("assign", e))?;
+        consumer.assign(&tpl).map_err(|e| kerr("assign", e))?;
+        Ok(Some(Box::new(KafkaTail {
+            consumer,
+            topic: topic.to_string(),
+            partition,
+            next: from,
+        })))
+    }
+}
+
+/// A consumer assigned once to one topic partition: each fetch waits at the broker until records
+/// land, so a record is read about one round trip after its append is acknowledged, where a read
+/// that asks for the watermarks and assigns anew takes three.
+struct KafkaTail {
+    consumer: BaseConsumer,
+    topic: String,
+    partition: u32,
+    next: u64,
+}
+
+impl super::LogTail for KafkaTail {
+    fn next(
+        &mut self,
+        max: usize,
+        wait: Duration,
+    ) -> Result<(Vec<LogRecord>, u64), TransportError> {
+        let mut out = Vec::new();
+        let mut timeout = wait;
+        while out.len() < max {
+            match self.consumer.poll(timeout) {
+                Some(Ok(m)) => {
+                    let o = m.offset() as u64;
+                    // Before the position (a reset to the earliest offset never goes back).
+                    if o < self.next {
+                        continue;
+                    }
+                    out.push(LogRecord {
+                        offset: o,
+                        record: to_record(&m),
+                    });
+                    self.next = o + 1;
+                    // The rest of what was fetched, without waiting for more.
+                    timeout = Duration::ZERO;
+                }
+                Some(Err(e)) if out.is_empty() => {
+                    return Err(kerr(
+                        &format!("reading {}/{}", self.topic, self.partition),
+                        e,
+                    ));
+                }
+                Some(Err(e)) => {
+                    tracing::debug!("reading {}/{}: {e}", self.topic, self.partition);
+                    break;
+                }
+                None => break,
+            }
+        }
+        // Past markers and aborted records, which take offsets and are never handed over.
+        if out.is_empty()
+            && let Some(p) = position(&self.consumer, &self.topic, self.partition)
+        {
+            self.next = self.next.max(p.max(0) as u64);
+        }
+        Ok((out, self.next))
+    }
 }
 
 /// The low and high watermarks of a topic partition, waiting out a settling broker (a topic

@@ -150,6 +150,30 @@ pub trait Transport: Send + Sync {
         let next = records.last().map_or(offset, |r| r.offset + 1);
         Ok((records, next))
     }
+
+    /// A reader of one partition from `from` on that stays at its position and is handed
+    /// records as they land, for a log read without end (the control log); `None` when the
+    /// transport has none and [`Transport::read_from`] serves.
+    fn tail(
+        &self,
+        _topic: &str,
+        _partition: u32,
+        _from: u64,
+    ) -> Result<Option<Box<dyn LogTail>>, TransportError> {
+        Ok(None)
+    }
+}
+
+/// One partition read from a position on, as its records land (see [`Transport::tail`]).
+pub trait LogTail: Send {
+    /// The committed records after the last ones returned, at most `max`, waiting up to `wait`
+    /// for the first; with the offset to read from next, which is past transaction markers and
+    /// aborted records too.
+    fn next(
+        &mut self,
+        max: usize,
+        wait: std::time::Duration,
+    ) -> Result<(Vec<LogRecord>, u64), TransportError>;
 }
 
 /// Checks a topic name with Kafka's rules, so that names work on both transports.
