@@ -30,6 +30,10 @@ use crate::transport::kafka::{BatchProducer, GroupMetadata, InputConsumer, Kafka
 /// How often end offsets (for lag) are asked of the broker.
 const END_OFFSET_TTL: Duration = Duration::from_millis(500);
 
+/// How long a partition's loop waits for an input's end offset before it goes on with the last
+/// one known.
+const END_OFFSET_WAIT: Duration = Duration::from_secs(1);
+
 /// How often a partition compares its input topics' partition counts with its slots.
 const INPUT_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -87,6 +91,8 @@ pub struct KafkaIo {
     fetched_at: Instant,
     /// When the stall clocks were last looked at.
     stalls_checked: Instant,
+    /// Since when, and why, the inputs' ends could not be asked (cleared by an answer).
+    ends_failing: Option<(Instant, String)>,
     /// The host's faults, and this partition's id, for [`crate::steps::INPUT_STALL`].
     faults: Option<(Arc<crate::steps::Steps>, String)>,
 }
@@ -247,6 +253,7 @@ impl KafkaIo {
             stalls: HashMap::new(),
             fetched_at: Instant::now(),
             stalls_checked: Instant::now(),
+            ends_failing: None,
             faults: None,
         })
     }
@@ -275,6 +282,17 @@ impl KafkaIo {
             .config()
             .input_stall
             .unwrap_or(crate::transport::kafka::INPUT_STALL);
+        // Blind to the inputs' ends for as long as a stall would take to notice: the clients
+        // may be as stuck as a consumer that stops delivering.
+        if let Some((since, e)) = &self.ends_failing
+            && now.duration_since(*since) >= limit
+        {
+            anyhow::bail!(
+                "the ends of the inputs could not be read for {}s ({e}): the partition's \
+                 clients are made again",
+                limit.as_secs_f64()
+            );
+        }
         let inputs = self.pipeline.spec.inputs.len();
         for (ti, row) in next.iter().enumerate().take(inputs) {
             for (idx, &n) in row.iter().enumerate() {
@@ -587,12 +605,29 @@ impl PartitionIo for KafkaIo {
         let topic = &self.sources.topics[input];
         let end = match self.ends.get(&(input, slot)) {
             Some((end, at)) if at.elapsed() < END_OFFSET_TTL => *end,
-            _ => {
+            cached => {
+                let cached = cached.map(|(end, _)| *end);
                 // Asked of a client that never fetches: asked of the input consumer, the
-                // question would wait behind its long-polling fetch.
-                let end = self.watermarks.watermarks(topic, slot).ok()?.1;
-                self.ends.insert((input, slot), (end, Instant::now()));
-                end
+                // question would wait behind its long-polling fetch. Asked once, briefly: the
+                // partition's loop waits for the answer.
+                match self.watermarks.end_once(topic, slot, END_OFFSET_WAIT) {
+                    Ok(end) => {
+                        self.ends_failing = None;
+                        self.ends.insert((input, slot), (end, Instant::now()));
+                        end
+                    }
+                    Err(e) => {
+                        if self.ends_failing.is_none() {
+                            tracing::warn!("asking for the end of {topic}/{slot}: {e}");
+                            self.ends_failing = Some((Instant::now(), e.to_string()));
+                        }
+                        // An end only grows: the last one known still bounds what is there
+                        // to read. Asked again after the same interval as an answer.
+                        let end = cached?;
+                        self.ends.insert((input, slot), (end, Instant::now()));
+                        end
+                    }
+                }
             }
         };
         // Transaction markers take offsets: once the consumer's position passed the end,

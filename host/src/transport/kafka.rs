@@ -1463,6 +1463,21 @@ impl InputConsumer {
         let (lo, hi) = watermarks(&self.consumer, topic, partition)?;
         Ok((lo.max(0) as u64, hi.max(0) as u64))
     }
+
+    /// The high watermark of a topic partition, asked once with `timeout`: a broker that
+    /// does not answer fails the call instead of holding the caller while it settles.
+    pub fn end_once(
+        &self,
+        topic: &str,
+        partition: u32,
+        timeout: Duration,
+    ) -> Result<u64, TransportError> {
+        let (_, hi) = self
+            .consumer
+            .fetch_watermarks(topic, partition as i32, timeout)
+            .map_err(|e| kerr(&format!("the end of {topic}/{partition}"), e))?;
+        Ok(hi.max(0) as u64)
+    }
 }
 
 fn offsets_tpl(offsets: &[(String, u32, u64)]) -> Result<TopicPartitionList, TransportError> {
