@@ -278,6 +278,8 @@ impl Baton {
         }
         let pipelines: Vec<PipelineRecord> = catalog.pipelines.values().cloned().collect();
         *baton.catalog.lock() = catalog;
+        // Moves this host was part of when it stopped: its releases stay held.
+        let unfinished = baton.moves_left_by_restart();
         // A pipeline that cannot start here shows `failed` with the reason; the others run.
         for p in pipelines {
             baton.start_or_record(Arc::new(p));
@@ -289,6 +291,7 @@ impl Baton {
             let follower = baton.follow_control(control_end, stop.clone())?;
             let controller = baton.run_controller(stop)?;
             baton.background.lock().extend([follower, controller]);
+            baton.settle_moves_left_by_restart(unfinished);
         }
         tracing::info!(data_dir = %baton.config.data_dir.display(), "baton host open");
         Ok(baton)

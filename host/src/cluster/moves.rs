@@ -859,6 +859,72 @@ impl Baton {
         Ok((at, release))
     }
 
+    /// The moves under way that this host was part of when it stopped, as the replayed
+    /// catalog has them. A partition it released stays held: it never processes at the
+    /// released epoch again (its process that released it is gone, not the release).
+    pub(crate) fn moves_left_by_restart(&self) -> Vec<MoveRecord> {
+        let catalog = self.catalog.lock();
+        let mut left = Vec::new();
+        for moves in catalog.moves.values() {
+            for m in moves.iter().filter(|m| !m.phase.ended()) {
+                let released = m.release.as_ref().is_some_and(|r| r.owner == self.host_id);
+                if m.from == self.host_id && released {
+                    self.held.lock().insert(m.partition.clone(), Instant::now());
+                    left.push(m.clone());
+                } else if m.to == self.host_id {
+                    left.push(m.clone());
+                }
+            }
+        }
+        left
+    }
+
+    /// After the restart, with the control log followed: a move whose target this host is
+    /// has nobody driving it, and is abandoned (its owner then resumes at once); a partition
+    /// this host released is resumed at the next epoch if nobody takes it over within the
+    /// drained hold, as after a drain.
+    pub(crate) fn settle_moves_left_by_restart(&self, left: Vec<MoveRecord>) {
+        for m in left {
+            let me = self.me.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("baton-restart-{}", m.partition))
+                .spawn(move || {
+                    let Some(b) = me.upgrade() else { return };
+                    if m.to == b.host_id {
+                        tracing::warn!(
+                            move_id = %m.id, partition = %m.partition,
+                            "a move to this host was under way when it stopped: abandoned"
+                        );
+                        b.record_move(
+                            &m,
+                            MovePhase::Abandoned,
+                            None,
+                            Some(format!(
+                                "the target `{}` restarted during the move",
+                                b.host_id
+                            )),
+                        );
+                        return;
+                    }
+                    tracing::info!(
+                        move_id = %m.id, partition = %m.partition,
+                        "released before this host restarted: held for the move's target"
+                    );
+                    let hold = b.config.drained_hold;
+                    drop(b);
+                    std::thread::sleep(hold);
+                    if let Some(b) = me.upgrade()
+                        && b.held.lock().contains_key(&m.partition)
+                    {
+                        b.resume_unless_taken_over(&m.partition, &m.pipeline, &m.id);
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::error!("settling a move after the restart: {e}");
+            }
+        }
+    }
+
     /// The owner's side when nobody took its drained partition over in time: it records the
     /// move abandoned, and resumes the partition only if the control log has that abandonment
     /// before any take-over (else the target owns it, and the partition is let go). Until

@@ -355,6 +355,10 @@ impl Baton {
                     self.partitions.write().remove(&h.id);
                     self.start_partition(&run, a)?;
                 }
+                // Released for a move before this host restarted: it never processes at the
+                // released epoch again, and resumes only at the next one if the move is
+                // abandoned.
+                None if self.held.lock().contains_key(&a.id) => {}
                 None => self.start_partition(&run, a)?,
             }
         }
