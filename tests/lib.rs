@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
+pub mod nemesis;
+
 /// The path of a plugin's component: `plugins/NAME`, a Rust crate or a Python module (NAME
 /// starts with `python-`) built by this crate's build script, or a JavaScript, C or Go project
 /// (`js-`, `c-`, `go-`) built by `baton build`.
@@ -859,7 +861,7 @@ pub async fn child_member(dir: &Path, cluster: &str, id: &str) -> Result<ChildHo
 }
 
 /// [`child_member`] with environment variables `env` set for the process.
-async fn child_member_with(
+pub async fn child_member_with(
     dir: &Path,
     cluster: &str,
     id: &str,

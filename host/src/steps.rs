@@ -82,6 +82,12 @@ pub const STEPS_ENV: &str = "BATON_TEST_STEPS";
 /// as it stops.
 pub const STEPS_LOG_ENV: &str = "BATON_TEST_STEPS_LOG";
 
+/// A topic of one partition where every partition session of a host on Kafka writes a record
+/// with each commit, in the commit's transaction: `{host, partition, epoch, session, seq,
+/// offsets, at}`, keyed by the partition. A fault harness reads it `read_committed` to check that
+/// no two hosts committed for one partition at one epoch. The topic must exist.
+pub const COMMITS_ENV: &str = "BATON_TEST_COMMITS";
+
 /// The holds and faults of one host.
 #[derive(Default)]
 pub struct Steps {
@@ -95,6 +101,8 @@ pub struct Steps {
     timed: Mutex<HashMap<String, (Duration, usize)>>,
     /// Where reached timed holds are written ([`STEPS_LOG_ENV`]).
     log: Option<std::path::PathBuf>,
+    /// The topic of [`COMMITS_ENV`].
+    commits: Option<String>,
 }
 
 #[derive(Default)]
@@ -121,7 +129,13 @@ impl Steps {
             steps.set(&spec)?;
         }
         steps.log = std::env::var_os(STEPS_LOG_ENV).map(Into::into);
+        steps.commits = std::env::var(COMMITS_ENV).ok().filter(|t| !t.is_empty());
         Ok(steps)
+    }
+
+    /// The topic each commit is recorded in ([`COMMITS_ENV`]), if one is set.
+    pub fn commits_topic(&self) -> Option<&str> {
+        self.commits.as_deref()
     }
 
     /// Sets the holds and faults of `spec`, in the syntax of [`STEPS_ENV`].

@@ -17,6 +17,7 @@ mod lifecycle;
 mod limits;
 mod memory;
 mod moves;
+mod nemesis;
 mod openapi;
 mod quickstart;
 mod restart;

@@ -186,6 +186,7 @@ impl KafkaIo {
         id: &str,
         slots: Range<u32>,
         prepared: Option<Prepared>,
+        audit: Option<CommitAudit>,
     ) -> anyhow::Result<Self> {
         let eos = pipeline.spec.guarantee == Guarantee::ExactlyOnce;
         let (consumer, producer, warm, checked) = match prepared {
@@ -228,6 +229,8 @@ impl KafkaIo {
                 group,
                 changelogs,
                 stores: pipeline.spec.state_stores(),
+                audit,
+                seq: Default::default(),
             },
         )?;
         let sources = Sources {
@@ -658,6 +661,24 @@ struct CommitterState {
     group: GroupMetadata,
     changelogs: Vec<String>,
     stores: Vec<String>,
+    audit: Option<CommitAudit>,
+    /// Commits of this session so far.
+    seq: std::sync::atomic::AtomicU64,
+}
+
+/// Who commits, for the record of each commit a test asks for ([`crate::steps::COMMITS_ENV`]).
+#[derive(Clone, Debug)]
+pub struct CommitAudit {
+    /// The topic of the records (one partition).
+    pub topic: String,
+    /// This host.
+    pub host: String,
+    /// The partition.
+    pub partition: String,
+    /// The epoch of the assignment the session runs under.
+    pub epoch: u64,
+    /// The session's start, in ms since the epoch: sessions of one host and epoch differ.
+    pub session: i64,
 }
 
 /// The session's committer thread: one commit at a time, in the order started.
@@ -785,22 +806,43 @@ impl CommitterState {
         Ok(())
     }
 
+    /// The record of this commit, in its transaction, when a test asks for one.
+    fn send_audit(&self, job: &Job) -> anyhow::Result<()> {
+        let Some(a) = &self.audit else { return Ok(()) };
+        let seq = self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let value = serde_json::json!({
+            "host": a.host, "partition": a.partition, "epoch": a.epoch, "session": a.session,
+            "seq": seq, "offsets": job.offsets, "at": crate::control::now_ms(),
+        });
+        self.producer.send_parts(
+            &a.topic,
+            0,
+            Some(a.partition.as_bytes()),
+            Some(&serde_json::to_vec(&value)?),
+            crate::control::now_ms(),
+        )?;
+        Ok(())
+    }
+
     fn commit(&self, job: &Job) -> anyhow::Result<()> {
         let batch = &job.batch;
         let written = if self.producer.is_transactional() {
             self.producer.begin()?;
-            let result = self.send_batch(batch).and_then(|()| {
-                let t0 = Instant::now();
-                let written = self.producer.flush()?;
-                let t1 = Instant::now();
-                self.producer.commit(&job.offsets, &self.group)?;
-                tracing::debug!(
-                    flush_us = (t1 - t0).as_micros() as u64,
-                    commit_us = t1.elapsed().as_micros() as u64,
-                    "transaction committed"
-                );
-                Ok(written)
-            });
+            let result = self
+                .send_batch(batch)
+                .and_then(|()| self.send_audit(job))
+                .and_then(|()| {
+                    let t0 = Instant::now();
+                    let written = self.producer.flush()?;
+                    let t1 = Instant::now();
+                    self.producer.commit(&job.offsets, &self.group)?;
+                    tracing::debug!(
+                        flush_us = (t1 - t0).as_micros() as u64,
+                        commit_us = t1.elapsed().as_micros() as u64,
+                        "transaction committed"
+                    );
+                    Ok(written)
+                });
             match result {
                 Ok(w) => w,
                 Err(e) => {
@@ -811,6 +853,7 @@ impl CommitterState {
         } else {
             let t0 = Instant::now();
             self.send_batch(batch)?;
+            self.send_audit(job)?;
             let t1 = Instant::now();
             let written = self.producer.flush()?;
             tracing::debug!(

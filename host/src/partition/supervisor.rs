@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 
 use crate::control::PipelineRecord;
 use crate::http::model::{PartitionInfo, PartitionState, Role};
-use crate::partition::kafka::KafkaIo;
+use crate::partition::kafka::{CommitAudit, KafkaIo};
 use crate::partition::{
     Command, EmbeddedIo, EventLog, Inbox, IoFactory, ModuleTarget, PartitionIo, PartitionStatus,
     PartitionTask, Phase, ReplayPlan, RollbackHook, Settings, SlotProgress,
@@ -400,7 +400,18 @@ impl Baton {
                     // Clients a move's target made ready while warming: for the first session.
                     let prepared = Mutex::new(self.prepared.lock().remove(&id));
                     let steps = self.steps.clone();
+                    let audit = steps.commits_topic().map(|topic| CommitAudit {
+                        topic: topic.to_string(),
+                        host: self.host_id.clone(),
+                        partition: id.clone(),
+                        epoch: a.epoch,
+                        session: 0,
+                    });
                     Box::new(move || {
+                        let audit = audit.clone().map(|a| CommitAudit {
+                            session: crate::control::now_ms(),
+                            ..a
+                        });
                         Ok(Box::new(
                             KafkaIo::open(
                                 k.clone(),
@@ -408,6 +419,7 @@ impl Baton {
                                 &id,
                                 slots.clone(),
                                 prepared.lock().take(),
+                                audit,
                             )?
                             .with_faults(steps.clone(), &id),
                         ) as Box<dyn PartitionIo>)

@@ -1,0 +1,599 @@
+//! The fault harness of reconfiguration (`bench/faults`, and a short run in the tests): three
+//! `baton` processes on the test broker run word count (state) and uppercase (outputs) under
+//! exactly-once while records keep coming; both partitions move at once, and a nemesis strikes
+//! the move of `wc-0` at one protocol step: it kills (`kill -9`) or stops (SIGSTOP, then
+//! SIGCONT) the owner or the target while the target is held at that step by a timed hold of
+//! `baton::steps::STEPS_ENV`. Every time is drawn from a seeded generator.
+//!
+//! The checker then asks, of everything sent:
+//! - every key's count exact;
+//! - every output exactly once under `read_committed`: none lost, none twice;
+//! - no two hosts committed for one partition at one epoch, from the record each commit writes
+//!   in its transaction (`baton::steps::COMMITS_ENV`), read back from Kafka;
+//! - no transaction left open: what was written before the fault is readable `read_committed`
+//!   within the session timeout plus 5 s.
+//!
+//! Its pause is the longest time between two commits of one partition, from the same records:
+//! what the partition's users waited, moves, failovers and holds included.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use serde_json::{Value, json};
+
+use crate::{Api, ChildHost, TestProducer, count, kafka_bootstrap, unique, wait_for, words};
+
+/// The hosts' session timeout; a fault's open transaction must be readable within it plus 5 s.
+pub const SESSION: Duration = Duration::from_secs(6);
+
+/// What the nemesis does, and when.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Nemesis {
+    /// `kill -9` of the target while it warms its replica.
+    KillTargetWarming,
+    /// `kill -9` of the target after the owner's release, before its take-over.
+    KillTargetBeforeTakeOver,
+    /// `kill -9` of the owner after its release, while the target is held before its take-over.
+    KillOwnerAfterRelease,
+    /// `kill -9` of the owner while the target warms.
+    KillOwnerWarming,
+    /// SIGSTOP of the owner while the target warms, for up to 9 s (past the session timeout:
+    /// it is failed over, and must be fenced when it wakes), then SIGCONT.
+    StopOwnerWarming,
+    /// SIGSTOP of the target between the release and its take-over, then SIGCONT.
+    StopTargetBeforeTakeOver,
+}
+
+impl Nemesis {
+    /// Every scenario.
+    pub const ALL: &[Nemesis] = &[
+        Nemesis::KillTargetWarming,
+        Nemesis::KillTargetBeforeTakeOver,
+        Nemesis::KillOwnerAfterRelease,
+        Nemesis::KillOwnerWarming,
+        Nemesis::StopOwnerWarming,
+        Nemesis::StopTargetBeforeTakeOver,
+    ];
+
+    /// Its name in the table.
+    pub fn name(self) -> &'static str {
+        match self {
+            Nemesis::KillTargetWarming => "kill target, warming",
+            Nemesis::KillTargetBeforeTakeOver => "kill target, released",
+            Nemesis::KillOwnerAfterRelease => "kill owner, released",
+            Nemesis::KillOwnerWarming => "kill owner, warming",
+            Nemesis::StopOwnerWarming => "stop owner, warming",
+            Nemesis::StopTargetBeforeTakeOver => "stop target, released",
+        }
+    }
+
+    /// The step the target is held at when the nemesis strikes.
+    fn step(self) -> &'static str {
+        match self {
+            Nemesis::KillTargetWarming | Nemesis::KillOwnerWarming | Nemesis::StopOwnerWarming => {
+                baton::steps::MOVE_WARMING
+            }
+            _ => baton::steps::MOVE_TAKE_OVER,
+        }
+    }
+
+    fn strikes_owner(self) -> bool {
+        matches!(
+            self,
+            Nemesis::KillOwnerAfterRelease | Nemesis::KillOwnerWarming | Nemesis::StopOwnerWarming
+        )
+    }
+
+    fn kills(self) -> bool {
+        !matches!(
+            self,
+            Nemesis::StopOwnerWarming | Nemesis::StopTargetBeforeTakeOver
+        )
+    }
+}
+
+/// A small seeded generator (SplitMix64): runs are repeated from their printed seed.
+pub struct Rng(u64);
+
+impl Rng {
+    /// From `seed`.
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    /// The next 64 bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A duration in `[lo, hi)`.
+    pub fn between(&mut self, lo: Duration, hi: Duration) -> Duration {
+        let span = (hi.saturating_sub(lo)).as_millis().max(1) as u64;
+        lo + Duration::from_millis(self.next_u64() % span)
+    }
+
+    /// One of `items`.
+    pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[(self.next_u64() % items.len() as u64) as usize]
+    }
+}
+
+/// What one run found.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The scenario.
+    pub nemesis: Nemesis,
+    /// Its seed.
+    pub seed: u64,
+    /// Records sent.
+    pub records: usize,
+    /// Counts short of what was sent, plus outputs missing.
+    pub lost: u64,
+    /// Counts past what was sent, plus outputs written twice or never sent.
+    pub duplicated: u64,
+    /// Partitions committed by two hosts at one epoch.
+    pub two_writers: Vec<String>,
+    /// The longest time between two commits of one partition, ms: what its users waited
+    /// (records keep coming, and a running partition commits every 100 ms or so).
+    pub max_gap_ms: f64,
+    /// The longest pause of the moves that were done, ms.
+    pub max_pause_ms: Option<f64>,
+    /// How long after the fault what was written before it was readable `read_committed`.
+    pub open_txn: Duration,
+    /// The moves' ends, as `partition: phase (reason)`.
+    pub moves: Vec<String>,
+}
+
+impl Outcome {
+    /// Whether every check held.
+    pub fn passed(&self) -> bool {
+        self.lost == 0
+            && self.duplicated == 0
+            && self.two_writers.is_empty()
+            && self.open_txn <= SESSION + Duration::from_secs(5)
+    }
+}
+
+/// A host of the run: its id, data dir, and process while it runs.
+struct Member {
+    id: &'static str,
+    dir: PathBuf,
+    host: Option<ChildHost>,
+}
+
+/// The run's cluster: three hosts, their environment, and the topics.
+struct Cluster {
+    cluster: String,
+    members: Vec<Member>,
+    steps: String,
+    commits: String,
+}
+
+impl Cluster {
+    async fn start(&mut self, i: usize) -> Result<()> {
+        let m = &mut self.members[i];
+        let reached = m.dir.join("steps.reached");
+        let reached = reached.to_string_lossy().into_owned();
+        let env = [
+            (baton::steps::STEPS_ENV, self.steps.as_str()),
+            (baton::steps::STEPS_LOG_ENV, reached.as_str()),
+            (baton::steps::COMMITS_ENV, self.commits.as_str()),
+        ];
+        let host = crate::child_member_with(&m.dir, &self.cluster, m.id, &env).await?;
+        m.host = Some(host);
+        Ok(())
+    }
+
+    fn index(&self, id: &str) -> Result<usize> {
+        self.members
+            .iter()
+            .position(|m| m.id == id)
+            .with_context(|| format!("no host `{id}`"))
+    }
+
+    /// The API of a host that runs.
+    fn api(&self) -> Result<Api> {
+        self.members
+            .iter()
+            .find_map(|m| m.host.as_ref().map(|h| h.api.clone()))
+            .context("no host runs")
+    }
+
+    fn pid(&self, i: usize) -> Result<u32> {
+        Ok(self.members[i]
+            .host
+            .as_ref()
+            .context("the host does not run")?
+            .pid())
+    }
+}
+
+fn signal(pid: u32, sig: &str) -> Result<()> {
+    let status = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()?;
+    if !status.success() {
+        bail!("kill {sig} {pid}: {status}");
+    }
+    Ok(())
+}
+
+/// A partition's row as `api` shows it.
+async fn row(api: &Api, id: &str) -> Result<Value> {
+    api.partitions()
+        .await?
+        .into_iter()
+        .find(|p| p["id"] == id)
+        .with_context(|| format!("no partition {id}"))
+}
+
+async fn request_move(api: &Api, partition: &str, to: &str) -> Result<String> {
+    let r = api
+        .post_json(
+            &format!("/api/v1/partitions/{partition}/move"),
+            &json!({ "to": to }),
+        )
+        .await?;
+    if r.status != 202 {
+        bail!("moving {partition} to {to}: {} {}", r.status, r.body);
+    }
+    Ok(r.body["move"].as_str().unwrap_or_default().to_string())
+}
+
+/// The end offsets of `topic`'s partitions for uncommitted or committed reads.
+fn ends(topic: &str, partitions: u32, committed: bool) -> Result<Vec<i64>> {
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .set("group.id", "baton-faults")
+        .set(
+            "isolation.level",
+            if committed {
+                "read_committed"
+            } else {
+                "read_uncommitted"
+            },
+        )
+        .create()?;
+    (0..partitions)
+        .map(|p| {
+            let (_, hi) = consumer.fetch_watermarks(topic, p as i32, Duration::from_secs(10))?;
+            Ok(hi)
+        })
+        .collect()
+}
+
+/// Sends chunks of records with unique values to `input` until `stop`.
+fn produce_until(
+    input: String,
+    stop: Arc<AtomicBool>,
+    sent: Arc<Mutex<Vec<(String, String)>>>,
+    seed: u64,
+) -> tokio::task::JoinHandle<Result<()>> {
+    tokio::spawn(async move {
+        let producer = TestProducer::new()?;
+        let keys = words(1_000_000, 500, seed);
+        for (c, chunk) in keys.chunks(200).enumerate() {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let recs: Vec<_> = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, k)| (k.clone(), format!("v{c}-{i}")))
+                .collect();
+            producer.send(&input, 2, &recs).await?;
+            sent.lock().unwrap().extend(recs);
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+        Ok(())
+    })
+}
+
+/// One run of `nemesis`, its times drawn from `seed`. The hosts' data dirs and logs are kept
+/// (and named) when the run fails or a check does not hold.
+pub async fn run(nemesis: Nemesis, seed: u64) -> Result<Outcome> {
+    let root = tempfile::tempdir()?;
+    let result = run_in(nemesis, seed, root.path()).await;
+    if !result.as_ref().is_ok_and(Outcome::passed) {
+        let kept = root.keep();
+        eprintln!(
+            "{} (seed {seed}): the hosts' data dirs and logs are kept in {}",
+            nemesis.name(),
+            kept.display()
+        );
+        return result.with_context(|| format!("the hosts' logs are in {}", kept.display()));
+    }
+    result
+}
+
+async fn run_in(nemesis: Nemesis, seed: u64, root: &Path) -> Result<Outcome> {
+    let mut rng = Rng::new(seed);
+    let hold = rng.between(Duration::from_millis(500), Duration::from_millis(3000));
+    let commits = unique("faults-commits");
+    {
+        use baton::transport::Transport;
+        let t = baton::transport::kafka::KafkaTransport::connect(
+            baton::transport::kafka::KafkaConfig::new(kafka_bootstrap()),
+        )?;
+        t.ensure_topic(&commits, 1, baton::transport::TopicKind::Data)?;
+    }
+    let mut c = Cluster {
+        cluster: crate::cluster_name(root),
+        members: ["a", "b", "c"]
+            .into_iter()
+            .map(|id| Member {
+                id,
+                dir: root.join(id),
+                host: None,
+            })
+            .collect(),
+        steps: format!("{}@wc-0={}ms", nemesis.step(), hold.as_millis()),
+        commits: commits.clone(),
+    };
+    for i in 0..3 {
+        c.start(i).await?;
+    }
+    let api = c.api()?;
+    crate::wait_alive(&api, 3).await?;
+    let (input, output) = (unique("faults-in"), unique("faults-out"));
+    api.upload_plugin("word-count", "word-count", "1").await?;
+    api.upload_plugin("uppercase", "uppercase", "1").await?;
+    api.create_pipeline(json!({
+        "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
+        "stores": ["counts"], "slots": 2, "partitions": 1, "guarantee": "exactly-once"
+    }))
+    .await?;
+    api.create_pipeline(json!({
+        "name": "up", "module": "uppercase", "version": "1", "inputs": [input],
+        "outputs": [output], "config": {"output": output}, "slots": 2, "partitions": 1,
+        "guarantee": "exactly-once"
+    }))
+    .await?;
+    for p in ["wc-0", "up-0"] {
+        wait_for(&format!("{p} running"), Duration::from_secs(60), || async {
+            let r = row(&api, p).await?;
+            Ok((r["state"] == "running").then_some(()))
+        })
+        .await?;
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let producer = produce_until(input.clone(), stop.clone(), sent.clone(), seed);
+    tokio::time::sleep(rng.between(Duration::from_millis(500), Duration::from_millis(1500))).await;
+
+    // Both partitions move at once; the nemesis strikes the move of wc-0.
+    let owner = row(&api, "wc-0").await?["owner"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let others: Vec<&str> = ["a", "b", "c"]
+        .into_iter()
+        .filter(|h| *h != owner)
+        .collect();
+    let target = rng.pick(&others).to_string();
+    let up_owner = row(&api, "up-0").await?["owner"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let up_to = rng.pick(
+        &["a", "b", "c"]
+            .into_iter()
+            .filter(|h| *h != up_owner)
+            .collect::<Vec<_>>(),
+    );
+    request_move(&api, "wc-0", &target).await?;
+    request_move(&api, "up-0", up_to).await?;
+
+    let (oi, ti) = (c.index(&owner)?, c.index(&target)?);
+    let victim = if nemesis.strikes_owner() { oi } else { ti };
+    crate::wait_held(
+        &c.members[ti].dir,
+        nemesis.step(),
+        "wc-0",
+        Duration::from_secs(90),
+    )
+    .await?;
+    tokio::time::sleep(rng.between(Duration::ZERO, hold / 2)).await;
+    // Transactions are on the output and on wc's changelog.
+    let changelog = format!("{}.wc.counts.changelog", c.cluster);
+    let written = |committed: bool| -> Result<Vec<i64>> {
+        let mut e = ends(&output, 2, committed)?;
+        e.extend(ends(&changelog, 2, committed)?);
+        Ok(e)
+    };
+    let before = written(false)?;
+    let struck = Instant::now();
+    if nemesis.kills() {
+        if let Some(h) = c.members[victim].host.take() {
+            h.kill9()?;
+        }
+    } else {
+        signal(c.pid(victim)?, "-STOP")?;
+    }
+    // What was written before the fault becomes readable: committed, or aborted by a fence.
+    let open_txn = loop {
+        let now = written(true)?;
+        if now.iter().zip(&before).all(|(n, b)| n >= b) {
+            break struck.elapsed();
+        }
+        if struck.elapsed() > SESSION + Duration::from_secs(30) {
+            break struck.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let out_for = rng.between(Duration::from_millis(500), Duration::from_secs(9));
+    tokio::time::sleep(out_for.saturating_sub(struck.elapsed())).await;
+    if nemesis.kills() {
+        c.start(victim).await?;
+    } else {
+        signal(c.pid(victim)?, "-CONT")?;
+    }
+
+    // Settle: three hosts, no move under way, both partitions running.
+    let api = c.api()?;
+    crate::wait_alive(&api, 3).await?;
+    wait_for("the moves ended", Duration::from_secs(120), || async {
+        let mut ended = true;
+        for p in ["wc-0", "up-0"] {
+            let r = row(&api, p).await?;
+            let moving = r["moves"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|m| !matches!(m["phase"].as_str(), Some("done" | "abandoned")));
+            ended &= !moving && r["state"] == "running";
+        }
+        Ok(ended.then_some(()))
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    producer.await??;
+    let sent = sent.lock().unwrap().clone();
+    let total = sent.len() as u64;
+    api.wait_caught_up("wc", total, Duration::from_secs(120))
+        .await?;
+    api.wait_caught_up("up", total, Duration::from_secs(120))
+        .await?;
+
+    // Counts.
+    let (mut lost, mut duplicated) = (0u64, 0u64);
+    let want = count(sent.iter().map(|(k, _)| k.as_str()));
+    for (k, n) in &want {
+        let got = api.counter("wc", "counts", k).await?.unwrap_or(0);
+        if got < *n {
+            lost += (*n - got) as u64;
+        } else {
+            duplicated += (got - *n) as u64;
+        }
+    }
+    // Outputs, exactly once.
+    let mut outputs: BTreeMap<(String, String), i64> = BTreeMap::new();
+    for (k, v) in &sent {
+        *outputs.entry((k.clone(), v.to_uppercase())).or_default() += 1;
+    }
+    for kv in crate::read_committed(&output, 2)? {
+        *outputs.entry(kv).or_default() -= 1;
+    }
+    for n in outputs.values() {
+        if *n > 0 {
+            lost += *n as u64;
+        } else {
+            duplicated += n.unsigned_abs();
+        }
+    }
+    // One writer per partition and epoch.
+    let mut writers: BTreeMap<(String, u64), BTreeSet<String>> = BTreeMap::new();
+    let mut times: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for (_, _, v) in crate::read_committed_raw(&commits, 1)? {
+        let v: Value = serde_json::from_slice(&v.unwrap_or_default())?;
+        times
+            .entry(v["partition"].as_str().unwrap_or_default().to_string())
+            .or_default()
+            .push(v["at"].as_i64().unwrap_or_default());
+        writers
+            .entry((
+                v["partition"].as_str().unwrap_or_default().to_string(),
+                v["epoch"].as_u64().unwrap_or_default(),
+            ))
+            .or_default()
+            .insert(v["host"].as_str().unwrap_or_default().to_string());
+    }
+    if writers.is_empty() {
+        bail!("no commit was recorded in {commits}");
+    }
+    let mut max_gap_ms = 0f64;
+    for t in times.values_mut() {
+        t.sort_unstable();
+        for w in t.windows(2) {
+            max_gap_ms = max_gap_ms.max((w[1] - w[0]) as f64);
+        }
+    }
+    let two_writers = writers
+        .iter()
+        .filter(|(_, hosts)| hosts.len() > 1)
+        .map(|((p, e), hosts)| format!("{p} at epoch {e}: {hosts:?}"))
+        .collect();
+    let (mut max_pause_ms, mut moves) = (None::<f64>, Vec::new());
+    for p in ["wc-0", "up-0"] {
+        for m in row(&api, p).await?["moves"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            if let Some(ms) = m["pause_ms"].as_f64() {
+                max_pause_ms = Some(max_pause_ms.map_or(ms, |x| x.max(ms)));
+            }
+            moves.push(format!(
+                "{p} {}→{}: {}{}",
+                m["from"].as_str().unwrap_or("?"),
+                m["to"].as_str().unwrap_or("?"),
+                m["phase"].as_str().unwrap_or("?"),
+                m["reason"]
+                    .as_str()
+                    .map(|r| format!(" ({r})"))
+                    .unwrap_or_default()
+            ));
+        }
+    }
+    drop(c);
+    Ok(Outcome {
+        nemesis,
+        seed,
+        records: sent.len(),
+        lost,
+        duplicated,
+        two_writers,
+        max_gap_ms,
+        max_pause_ms,
+        open_txn,
+        moves,
+    })
+}
+
+/// The harness's table of `outcomes`, a row per scenario.
+pub fn table(outcomes: &[Outcome]) -> String {
+    let mut out = String::from(
+        "| scenario | runs | records | lost | duplicated | two writers | max pause ms | max move pause ms | max open txn s | pass |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+    );
+    for n in Nemesis::ALL {
+        let rows: Vec<&Outcome> = outcomes.iter().filter(|o| o.nemesis == *n).collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let pause = rows
+            .iter()
+            .filter_map(|o| o.max_pause_ms)
+            .fold(None::<f64>, |a, b| Some(a.map_or(b, |a| a.max(b))));
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {:.0} | {} | {:.1} | {} |\n",
+            n.name(),
+            rows.len(),
+            rows.iter().map(|o| o.records).sum::<usize>(),
+            rows.iter().map(|o| o.lost).sum::<u64>(),
+            rows.iter().map(|o| o.duplicated).sum::<u64>(),
+            rows.iter().map(|o| o.two_writers.len()).sum::<usize>(),
+            rows.iter().map(|o| o.max_gap_ms).fold(0.0, f64::max),
+            pause.map_or("-".into(), |p| format!("{p:.1}")),
+            rows.iter()
+                .map(|o| o.open_txn.as_secs_f64())
+                .fold(0.0, f64::max),
+            if rows.iter().all(|o| o.passed()) {
+                "yes"
+            } else {
+                "NO"
+            },
+        ));
+    }
+    out
+}
