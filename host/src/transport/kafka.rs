@@ -729,17 +729,7 @@ impl KafkaTransport {
             ])
             .create_with_context(AppendContext)
             .map_err(|e| kerr("producer", e))?;
-        let reader: BaseConsumer = config
-            .client(
-                &[
-                    CONSUMER_DEFAULTS,
-                    FETCH_SETTINGS,
-                    &[("group.id", "baton.reader")],
-                ]
-                .concat(),
-            )
-            .create()
-            .map_err(|e| kerr("consumer", e))?;
+        let reader = reader_consumer(&config)?;
         admin
             .topics()
             .map_err(|e| kerr(&format!("no broker answered at {}", config.bootstrap), e))?;
@@ -1129,18 +1119,7 @@ impl Transport for KafkaTransport {
         partition: u32,
         from: u64,
     ) -> Result<Option<Box<dyn super::LogTail>>, TransportError> {
-        let consumer: BaseConsumer = self
-            .config
-            .client(
-                &[
-                    CONSUMER_DEFAULTS,
-                    FETCH_SETTINGS,
-                    &[("group.id", "baton.reader")],
-                ]
-                .concat(),
-            )
-            .create()
-            .map_err(|e| kerr("consumer", e))?;
+        let consumer = reader_consumer(&self.config)?;
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(topic, partition as i32, Offset::Offset(from as i64))
             .map_err(|e| kerr("assign", e))?;
@@ -1152,6 +1131,21 @@ impl Transport for KafkaTransport {
             next: from,
         })))
     }
+}
+
+/// A consumer for reading baton's own topics: committed reads, no group offsets.
+fn reader_consumer(config: &KafkaConfig) -> Result<BaseConsumer, TransportError> {
+    config
+        .client(
+            &[
+                CONSUMER_DEFAULTS,
+                FETCH_SETTINGS,
+                &[("group.id", "baton.reader")],
+            ]
+            .concat(),
+        )
+        .create()
+        .map_err(|e| kerr("consumer", e))
 }
 
 /// A consumer assigned once to one topic partition: each fetch waits at the broker until records
