@@ -6,7 +6,8 @@
 //! at the end: the tool to profile the state layer with (`perf record -g`).
 //!
 //! `BATON_BENCH_SCALE_KEYS` (default 10,000,000), `BATON_BENCH_SCALE_BATCH` (records per
-//! commit, default 5,000), `BATON_BENCH_SCALE_MEMORY` (MiB of `--state-memory`, default 512).
+//! commit, default 5,000), `BATON_BENCH_SCALE_MEMORY` (MiB of `--state-memory`, default 512),
+//! `BATON_BENCH_SCALE_PER_KEY` (set: one host call per increment instead of one per call).
 //!
 //! `cargo bench -p baton-tests --bench state_scale`
 
@@ -40,27 +41,35 @@ fn main() -> anyhow::Result<()> {
     while keys.is_multiple_of(step) {
         step += 2;
     }
+    // The SDKs send a call's increments in one `apply`, whose counters the host reads in one
+    // batched lookup; `BATON_BENCH_SCALE_PER_KEY` makes one host call per increment instead.
+    let per_key = std::env::var_os("BATON_BENCH_SCALE_PER_KEY").is_some();
     let started = Instant::now();
     let mut mark = (Instant::now(), 0u64);
-    let mut key = Vec::with_capacity(32);
+    let mut slots: Vec<Vec<Vec<u8>>> = vec![Vec::new(); 4];
     let mut i = 0u64;
     while i < n {
         let end = (i + batch).min(n);
+        for s in &mut slots {
+            s.clear();
+        }
+        for j in i..end {
+            let k = (j * step) % keys;
+            slots[(k % 4) as usize].push(format!("user-{k:012}").into_bytes());
+        }
         // One call per slot of the batch, as the partition loop makes them (4 slots).
-        for slot in 0..4u32 {
+        for (slot, keys) in slots.iter().enumerate() {
             ctx.begin_call(Cursor {
-                slot,
+                slot: slot as u32,
                 ..Cursor::default()
             });
-            for j in i..end {
-                let k = (j * step) % keys;
-                if (k % 4) as u32 != slot {
-                    continue;
+            if per_key {
+                for key in keys {
+                    ctx.native_increment(&counts, key, 1)
+                        .map_err(anyhow::Error::msg)?;
                 }
-                use std::io::Write;
-                key.clear();
-                write!(key, "user-{k:012}")?;
-                ctx.native_increment(&counts, &key, 1)
+            } else {
+                ctx.native_add_all(&counts, keys.iter().map(Vec::as_slice), 1)
                     .map_err(anyhow::Error::msg)?;
             }
             ctx.keep_call();

@@ -84,6 +84,23 @@ impl HostCtx {
             .map_err(|e| e.to_string())
     }
 
+    /// `store.apply` of one increment per key, as the SDKs send a batch's increments: the
+    /// counters are read in one lookup.
+    pub fn native_add_all<'k>(
+        &mut self,
+        s: &NativeStore,
+        keys: impl Iterator<Item = &'k [u8]> + Clone,
+        delta: i64,
+    ) -> Result<(), String> {
+        self.prefetch(s.0, keys.clone()).map_err(host_err)?;
+        for k in keys {
+            self.add_counter(s.0, k, delta)
+                .map_err(host_err)?
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
     /// `output.send`.
     pub fn native_send(
         &mut self,
@@ -109,4 +126,104 @@ impl HostCtx {
 
 fn host_err(e: wasmtime::Error) -> String {
     format!("{e:#}")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::runtime::Cursor;
+    use crate::state::StateEnv;
+
+    fn ctx(db: &Arc<crate::state::PartitionDb>) -> HostCtx {
+        HostCtx::new(
+            "t".into(),
+            db.clone(),
+            Arc::new(crate::runtime::WriteLimits::default()),
+            16 << 20,
+            Default::default(),
+        )
+    }
+
+    fn commit(ctx: &mut HostCtx, db: &crate::state::PartitionDb) {
+        let writes = ctx.overlay.take();
+        db.commit(writes.sorted(), &[]).unwrap();
+        ctx.overlay.settle();
+    }
+
+    /// A batch's increments read in one lookup count exactly what one lookup per increment
+    /// counts: over committed counters, counters written earlier in the same call (pending),
+    /// repeated keys, absent keys and other slots' counters of the same key.
+    #[test]
+    fn increments_of_a_batch_count_as_one_by_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let env = StateEnv::new(32 << 20);
+        let db = env
+            .open_shared(&dir.path().join("db"), &["counts".to_string()])
+            .unwrap();
+        let mut batched = ctx(&db);
+        let counts = batched.native_open("counts").unwrap();
+        let keys: Vec<Vec<u8>> = (0..200u32).map(|i| format!("k{i}").into_bytes()).collect();
+        // Committed counts in slots 0 and 1: k{i} at i in slot 0, at 1000 + i in slot 1.
+        for slot in [0u32, 1] {
+            batched.begin_call(Cursor {
+                slot,
+                ..Cursor::default()
+            });
+            for (i, k) in keys.iter().enumerate() {
+                let n = i as i64 + 1000 * i64::from(slot);
+                if n > 0 {
+                    batched.native_increment(&counts, k, n).unwrap();
+                }
+            }
+            batched.keep_call();
+        }
+        commit(&mut batched, &db);
+        // A fresh context: nothing cached, every read goes to RocksDB.
+        let mut batched = ctx(&db);
+        let counts = batched.native_open("counts").unwrap();
+        batched.begin_call(Cursor::default());
+        // Pending before the batch: k5 and a key RocksDB does not have.
+        batched.native_increment(&counts, b"k5", 10).unwrap();
+        batched.native_increment(&counts, b"new-0", 3).unwrap();
+        // The batch: every other key, k7 three times, keys absent from RocksDB.
+        let mut batch: Vec<&[u8]> = keys.iter().step_by(2).map(Vec::as_slice).collect();
+        batch.extend([&b"k7"[..], b"k7", b"k5", b"new-0", b"new-1", b"new-1"]);
+        batched
+            .native_add_all(&counts, batch.iter().copied(), 1)
+            .unwrap();
+        batched.keep_call();
+        for committed in [false, true] {
+            // Read back before the commit (from the overlay), then after it (from RocksDB).
+            if committed {
+                commit(&mut batched, &db);
+                batched = ctx(&db);
+            }
+            let counts = batched.native_open("counts").unwrap();
+            batched.begin_call(Cursor::default());
+            for (i, k) in keys.iter().enumerate() {
+                let want = i as i64
+                    + i64::from(i % 2 == 0)
+                    + if i == 7 { 2 } else { 0 }
+                    + if i == 5 { 10 + 1 } else { 0 };
+                let got = batched.native_get(&counts, k).unwrap();
+                let got = got.map_or(0, |v| i64::from_be_bytes(v.try_into().unwrap()));
+                assert_eq!(got, want, "count of {}", String::from_utf8_lossy(k));
+            }
+            for (k, want) in [(&b"new-0"[..], 4), (b"new-1", 2)] {
+                let got = batched.native_get(&counts, k).unwrap().unwrap();
+                assert_eq!(i64::from_be_bytes(got.try_into().unwrap()), want);
+            }
+            // Slot 1's counters are untouched.
+            batched.begin_call(Cursor {
+                slot: 1,
+                ..Cursor::default()
+            });
+            for (i, k) in keys.iter().enumerate() {
+                let got = batched.native_get(&counts, k).unwrap().unwrap();
+                assert_eq!(i64::from_be_bytes(got.try_into().unwrap()), 1000 + i as i64);
+            }
+        }
+    }
 }
