@@ -556,11 +556,18 @@ impl HostCtx {
         store: usize,
         keys: impl Iterator<Item = &'k [u8]>,
     ) -> wasmtime::Result<()> {
-        let slot = self.cursor.slot;
-        let mut wanted: Vec<Vec<u8>> = keys
-            .map(|k| slot_key(slot, k))
-            .filter(|k| self.overlay.get(store, k).is_none())
-            .collect();
+        let slot = self.cursor.slot.to_be_bytes();
+        // One buffer for the keys the overlay knows (all of them, at a few thousand keys).
+        let mut k = Vec::with_capacity(64);
+        let mut wanted: Vec<Vec<u8>> = Vec::new();
+        for key in keys {
+            k.clear();
+            k.extend_from_slice(&slot);
+            k.extend_from_slice(key);
+            if self.overlay.get(store, &k).is_none() {
+                wanted.push(k.clone());
+            }
+        }
         if wanted.len() < 2 {
             return Ok(());
         }
