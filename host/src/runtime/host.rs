@@ -577,7 +577,7 @@ impl HostCtx {
         let mut found = Vec::with_capacity(refs.len());
         let r = self
             .db
-            .get_sorted_with(store, &refs, |_, v| found.push(v.map(<[u8]>::to_vec)));
+            .get_sorted_with(store, &refs, |v| found.push(v.map(<[u8]>::to_vec)));
         drop(refs);
         self.host_result(r)?;
         for (k, v) in wanted.into_iter().zip(found) {

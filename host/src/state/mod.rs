@@ -528,19 +528,18 @@ impl PartitionDb {
         Ok(f(v.as_deref()))
     }
 
-    /// Calls `f(i, value)` with the committed value of each of `keys` (slot-prefixed, sorted
-    /// and without duplicates) in `store`: one batched lookup, which visits each memtable and
-    /// SST file once for all the keys instead of once per key.
+    /// Calls `f(value)` with the committed value of each of `keys` (slot-prefixed, sorted and
+    /// without duplicates) in `store`, in their order: one batched lookup, which visits each
+    /// memtable and SST file once for all the keys instead of once per key.
     pub fn get_sorted_with(
         &self,
         store: usize,
         keys: &[&[u8]],
-        mut f: impl FnMut(usize, Option<&[u8]>),
+        mut f: impl FnMut(Option<&[u8]>),
     ) -> Result<()> {
         self.faults.on_read()?;
-        let values = self.db.batched_multi_get_cf(self.cf(store)?, keys, true);
-        for (i, v) in values.into_iter().enumerate() {
-            f(i, v?.as_deref());
+        for v in self.db.batched_multi_get_cf(self.cf(store)?, keys, true) {
+            f(v?.as_deref());
         }
         Ok(())
     }
@@ -605,17 +604,6 @@ impl PartitionDb {
         meta: &[(String, Option<Vec<u8>>)],
         sync: bool,
     ) -> Result<()> {
-        let mut wo = rocksdb::WriteOptions::default();
-        wo.set_sync(sync);
-        self.write(writes, meta, &wo)
-    }
-
-    fn write<'a>(
-        &self,
-        writes: impl IntoIterator<Item = WriteRef<'a>>,
-        meta: &[(String, Option<Vec<u8>>)],
-        wo: &rocksdb::WriteOptions,
-    ) -> Result<()> {
         let mut wb = WriteBatch::default();
         // The handle of the last store written: writes come grouped by store, and a lookup by
         // name per write would cost a hash of its name.
@@ -641,7 +629,9 @@ impl PartitionDb {
                 None => wb.delete_cf(m, k.as_bytes()),
             }
         }
-        self.db.write_opt(wb, wo)?;
+        let mut wo = rocksdb::WriteOptions::default();
+        wo.set_sync(sync);
+        self.db.write_opt(wb, &wo)?;
         Ok(())
     }
 
