@@ -189,13 +189,23 @@ def run_baton(topic, n, partitions, run):
         }
         http(base, "POST", "/api/v1/pipelines", json.dumps(spec).encode())
         peak = [0]
+        at_peak = [{}]
 
         def sample():
-            peak[0] = max(peak[0], status_kib(proc.pid, "VmRSS"))
+            rss = status_kib(proc.pid, "VmRSS")
+            if rss > peak[0]:
+                peak[0] = rss
+                # What the host's memory holds at its peak: the state layer's parts beside
+                # jemalloc's view of the whole heap.
+                try:
+                    at_peak[0] = http(base, "GET", "/api/v1/host")
+                except Exception:
+                    pass
 
         res = measure(proc, f"{cluster}.wc", topic, partitions * SLOTS_PER_PARTITION, n,
                       "baton", sample)
         res["rss_peak"] = max(peak[0], status_kib(proc.pid, "VmHWM")) << 10
+        log(f"baton at its RSS peak of {mib(peak[0] << 10)} MiB: {breakdown(at_peak[0])}")
         host = http(base, "GET", "/api/v1/host")
         res["state_memory"] = host.get("state_memory", {})
         res["sst_bytes"] = sst_bytes(data)
@@ -250,6 +260,15 @@ def run_bare(topic, slots, consumers):
     _, rate, secs, cpu = line.split()
     rate, secs, cpu = float(rate), float(secs), float(cpu)
     return rate, cpu / max(rate * secs / 1e6, 1e-9)
+
+
+def breakdown(host):
+    """The parts of a host's memory from a `GET /api/v1/host` answer, in MiB."""
+    mem, heap = host.get("state_memory") or {}, host.get("heap") or {}
+    parts = [(k, mem.get(k)) for k in ("block_cache_usage", "memtable_usage", "hot_cache_usage",
+                                        "table_readers_bytes")]
+    parts += [(f"heap {k}", heap.get(k)) for k in ("allocated", "active", "resident")]
+    return ", ".join(f"{k} {mib(v)}" for k, v in parts if v is not None)
 
 
 def mib(b):

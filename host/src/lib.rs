@@ -16,6 +16,7 @@ pub mod componentize;
 pub mod config;
 pub mod control;
 pub mod error;
+pub mod heap;
 pub mod http;
 pub mod local;
 pub mod partition;
@@ -29,3 +30,8 @@ pub mod steps;
 pub mod transport;
 
 pub use app::{Baton, HostConfig};
+
+/// The unit tests run on the host's allocator, as `baton` does (see `main.rs`).
+#[cfg(test)]
+#[global_allocator]
+static TEST_ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

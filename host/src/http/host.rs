@@ -30,5 +30,6 @@ async fn show(State(baton): State<AppState>) -> Json<Value> {
             "snapshot_every": baton.config().control_snapshot_every,
         },
         "state_memory": env.report(),
+        "heap": crate::heap::report(),
     }))
 }

@@ -219,6 +219,27 @@ fn text(baton: &crate::Baton) -> String {
         pauses.iter().sum::<f64>() / 1e3,
         pauses.len()
     );
+    if let Some(heap) = crate::heap::report() {
+        for (name, help, v) in [
+            (
+                "baton_heap_allocated_bytes",
+                "Bytes the process has allocated (jemalloc).",
+                heap.allocated,
+            ),
+            (
+                "baton_heap_active_bytes",
+                "Bytes in pages with allocations on them (jemalloc).",
+                heap.active,
+            ),
+            (
+                "baton_heap_resident_bytes",
+                "Bytes of physical memory the allocator holds (jemalloc).",
+                heap.resident,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
+    }
     let env = baton.state_env();
     let mem = env.report();
     let stats = mem.block_cache;
