@@ -143,6 +143,19 @@ async fn sixty_four_partitions_stay_within_the_state_memory_bound() -> anyhow::R
         (rate - hits as f64 / (hits + misses) as f64).abs() < 1e-9,
         "hit rate {rate} does not match {hits} hits and {misses} misses"
     );
+    // The heap is the whole process's, RocksDB's allocations included (jemalloc is malloc): it
+    // holds at least the cache's blocks, and what it has allocated is resident.
+    let heap = &stats["heap"];
+    let allocated = heap["allocated"].as_u64().unwrap_or(0);
+    let resident = heap["resident"].as_u64().unwrap_or(0);
+    assert!(
+        allocated >= usage / 2 && allocated <= heap["active"].as_u64().unwrap_or(0),
+        "heap {heap} against a block cache of {usage} bytes"
+    );
+    assert!(
+        resident >= allocated && resident <= peak + (16 << 20),
+        "heap {heap} against a peak RSS of {peak} bytes"
+    );
     assert!(
         peak <= STATE_MEMORY + FIXED_OVERHEAD,
         "peak RSS {} MiB is over the bound of {} MiB + {} MiB of fixed overhead",
