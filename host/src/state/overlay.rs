@@ -61,9 +61,11 @@ impl HotBudget {
     }
 }
 
-/// Bytes an entry of the cache is charged: key, value and the map's own overhead.
+/// Bytes an entry of the cache is charged: key, value and what holding them costs besides, as
+/// measured with jemalloc's heap profile: the map's slot (two `Vec`s, 48 bytes, at a load
+/// between 7/16 and 7/8 of its table) and the allocator's rounding of the key and the value.
 fn entry_bytes(key: &[u8], value: &Option<Vec<u8>>) -> usize {
-    key.len() + value.as_ref().map_or(0, Vec::len) + 64
+    key.len() + value.as_ref().map_or(0, Vec::len) + 80
 }
 
 /// One write of a committed batch.
@@ -275,17 +277,15 @@ impl Overlay {
         }
     }
 
-    /// Drops the old generation and makes the young one old; the new young maps start at the
-    /// size the last ones reached.
+    /// Drops the old generation and makes the young one old. The new young maps start empty
+    /// and grow: started at the size the last ones reached, their tables held as much memory
+    /// again as the old generation's, uncharged (a sixth of the host's RSS over its bound at
+    /// millions of keys).
     fn turn_generations(&mut self) {
         if let Some(b) = &self.budget {
             b.release(self.old_bytes);
         }
-        let young: Vec<Map> = self
-            .clean
-            .iter()
-            .map(|m| Map::with_capacity_and_hasher(m.len(), Default::default()))
-            .collect();
+        let young: Vec<Map> = self.clean.iter().map(|_| Map::default()).collect();
         self.old = std::mem::replace(&mut self.clean, young);
         self.old_bytes = std::mem::take(&mut self.clean_bytes);
     }
