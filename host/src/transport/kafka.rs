@@ -690,15 +690,14 @@ pub struct KafkaTransport {
 /// How a partition's consumer fetches. The benchmarks' bare consumers use these too.
 /// - Up to 4 MiB per topic partition per request: librdkafka's default of 1 MiB capped the rate
 ///   of small records at about half of what one broker serves.
-/// - A prefetch queue of at most 30,000 records or 8 MiB per consumer (one per baton partition),
-///   whichever comes first, and at most 4 MiB per fetch over all its topic partitions, which is
+/// - A prefetch queue of at most 20,000 records or 4 MiB per consumer (one per baton partition),
+///   whichever comes first, and at most 2 MiB per fetch over all its topic partitions, which is
 ///   what the queue may overshoot by. librdkafka holds each queued record in an op of a few
 ///   hundred bytes and keeps a fetch's response until its last record is consumed: its default of
 ///   100,000 records with a 32 MiB queue and fetches as large made about 80 MiB per partition
 ///   outside `--state-memory` at 100-byte records (jemalloc's heap profile), 320 MiB for a host
-///   of four.
-///   30,000 records still last 40 ms of a partition at 750k records/s, many fetch round trips
-///   here.
+///   of four. 20,000 records still last 27 ms of a partition at 750k records/s, many fetch round
+///   trips here.
 /// - A full queue postpones the next fetch by 10 ms, not librdkafka's default of 1 s: a partition
 ///   that processes a little slower than it fetches otherwise drains its queue, then idles
 ///   until the second is over.
@@ -707,9 +706,9 @@ pub struct KafkaTransport {
 ///   hiccup of their first fetches was the tail of the handoff pause.
 pub const FETCH_SETTINGS: &[(&str, &str)] = &[
     ("fetch.message.max.bytes", "4194304"),
-    ("queued.min.messages", "30000"),
-    ("queued.max.messages.kbytes", "8192"),
-    ("fetch.max.bytes", "4194304"),
+    ("queued.min.messages", "20000"),
+    ("queued.max.messages.kbytes", "4096"),
+    ("fetch.max.bytes", "2097152"),
     ("fetch.queue.backoff.ms", "10"),
     ("fetch.wait.max.ms", "50"),
     ("fetch.error.backoff.ms", "20"),
