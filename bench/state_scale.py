@@ -39,6 +39,8 @@ import sys
 import tempfile
 import time
 
+from confluent_kafka.admin import AdminClient
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (BOOT, Committed, cpu_secs, http, say, start_baton,  # noqa: E402
                       status_kib, stop, topic_producer)
@@ -262,6 +264,18 @@ def run_bare(topic, slots, consumers):
     return rate, cpu / max(rate * secs / 1e6, 1e-9)
 
 
+def drop_topics():
+    """Deletes the topics of this run (inputs, baton's, Kafka Streams'): a row of 50M keys
+    leaves tens of GB on the broker, and a full disk stops it mid-run."""
+    admin = AdminClient({"bootstrap.servers": BOOT})
+    mine = [t for t in admin.list_topics(timeout=30).topics if RUN_ID in t]
+    for topic, done in (admin.delete_topics(mine, operation_timeout=60).items() if mine else []):
+        try:
+            done.result()
+        except Exception as e:  # noqa: BLE001 - a topic left behind is worth a line, not a stop
+            log(f"could not delete {topic}: {e}")
+
+
 def breakdown(host):
     """The parts of a host's memory from a `GET /api/v1/host` answer, in MiB."""
     mem, heap = host.get("state_memory") or {}, host.get("heap") or {}
@@ -315,6 +329,7 @@ def main():
         log(f"{keys_s}x{parts_s} bare consumers of the changelog: {bare[0]:,.0f} records/s, "
             f"{bare[1]:.2f} CPU s/M")
         table.append((keys_s, partitions, n, results, bare))
+        drop_topics()
 
     med = lambda xs, k: statistics.median(x[k] for x in xs)
     print(f"\nword-count (groupByKey().count()) at scale, exactly-once: 3 records per distinct "
