@@ -1220,7 +1220,7 @@ impl PartitionTask {
                 .map_err(SessionError::Retry)?;
             }
         } else {
-            // In RocksDB now: the writes stay as the hot-key cache.
+            // In RocksDB now: the hot-key cache takes the new values of the keys it holds.
             inst.ctx().overlay.settle();
         }
         add_elapsed(&self.status.time.commit_us, waited);

@@ -15,8 +15,16 @@
 //! turns old when it reaches half the budget (or when other partitions hold the rest of it),
 //! and the old one is dropped then.
 //! A key written or read again since the last turn survives it, so hot keys stay while a
-//! stream of keys seen once goes through; the cache never starts over from nothing, and the
-//! young map is made at the size the last one reached instead of growing from empty.
+//! stream of keys seen once goes through; the cache never starts over from nothing.
+//!
+//! A key enters the cache on its second read from RocksDB within a window, not its first: a
+//! doorkeeper (one bit per hashed key, cleared every [`DOOR_WINDOW`] keys) remembers which keys
+//! were read once. Over millions of uniformly spread keys, where the cache can hold a few
+//! percent of them, admitting every key read cost a fifth of a partition thread (two inserts
+//! into tables far bigger than the CPU caches, per record) to save a lookup in one record of
+//! twenty. A key read once is kept only for the batch that read it ([`Overlay::take`] drops
+//! it), so that the batch's reads of it after a batched lookup still find it; a written key
+//! the cache holds gets its new value at settle, one it does not hold stays out.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -66,6 +74,51 @@ impl HotBudget {
 /// between 7/16 and 7/8 of its table) and the allocator's rounding of the key and the value.
 fn entry_bytes(key: &[u8], value: &Option<Vec<u8>>) -> usize {
     key.len() + value.as_ref().map_or(0, Vec::len) + 80
+}
+
+/// Bits of a partition's doorkeeper: 128 KiB, charged to the hot-key budget.
+const DOOR_BITS: usize = 1 << 20;
+
+/// Keys marked before the doorkeeper starts over: at most a quarter of its bits are set, so at
+/// most a quarter of the keys read once pass it by a collision.
+pub const DOOR_WINDOW: usize = DOOR_BITS / 4;
+
+/// Keys of one store the current batch read from RocksDB but the cache did not admit, beyond
+/// which they are dropped (their next read goes to RocksDB again).
+const FETCHED_MAX: usize = 1 << 16;
+
+/// Which keys were read from RocksDB once in the current window.
+struct Doorkeeper {
+    bits: Vec<u64>,
+    marked: usize,
+    hasher: foldhash::fast::RandomState,
+}
+
+impl Doorkeeper {
+    fn new() -> Self {
+        Doorkeeper {
+            bits: vec![0; DOOR_BITS / 64],
+            marked: 0,
+            hasher: Default::default(),
+        }
+    }
+
+    /// True if `key` was marked in this window; marks it if not.
+    fn seen_or_mark(&mut self, store: usize, key: &[u8]) -> bool {
+        use std::hash::BuildHasher;
+        let h = self.hasher.hash_one((store, key)) as usize % DOOR_BITS;
+        let (word, bit) = (h / 64, 1u64 << (h % 64));
+        if self.bits[word] & bit != 0 {
+            return true;
+        }
+        if self.marked == DOOR_WINDOW {
+            self.bits.fill(0);
+            self.marked = 0;
+        }
+        self.bits[word] |= bit;
+        self.marked += 1;
+        false
+    }
 }
 
 /// One write of a committed batch.
@@ -187,12 +240,17 @@ pub struct Overlay {
     clean_bytes: usize,
     old_bytes: usize,
     budget: Option<Arc<HotBudget>>,
+    /// Values read from RocksDB by the current batch that the cache did not admit.
+    fetched: Vec<Map>,
+    /// Made (and charged) at the first read from RocksDB; `None` before, or when the budget
+    /// had no room for it (every key read is admitted then).
+    door: Option<Doorkeeper>,
 }
 
 impl Drop for Overlay {
     fn drop(&mut self) {
         if let Some(b) = &self.budget {
-            b.release(self.clean_bytes + self.old_bytes);
+            b.release(self.clean_bytes + self.old_bytes + self.door_bytes());
         }
     }
 }
@@ -221,15 +279,48 @@ impl Overlay {
         if let Some(v) = self.committing.as_ref().and_then(|w| w.get(store, key)) {
             return Some(v);
         }
-        self.clean
+        self.fetched
             .get(store)
             .and_then(|m| m.get(key))
+            .or_else(|| self.clean.get(store).and_then(|m| m.get(key)))
             .or_else(|| self.old.get(store).and_then(|m| m.get(key)))
             .map(|v| v.as_deref())
     }
 
-    /// Caches a value read from RocksDB (`None`: the key is absent there).
+    fn door_bytes(&self) -> usize {
+        if self.door.is_some() {
+            DOOR_BITS / 8
+        } else {
+            0
+        }
+    }
+
+    /// Keeps a value read from RocksDB (`None`: the key is absent there): in the cache if the
+    /// doorkeeper saw the key read before, for the current batch only if not.
     pub fn remember(&mut self, store: usize, key: Vec<u8>, value: Option<Vec<u8>>) {
+        let Some(budget) = &self.budget else {
+            return;
+        };
+        if self.door.is_none() && budget.try_charge(DOOR_BITS / 8) {
+            self.door = Some(Doorkeeper::new());
+        }
+        let seen = match &mut self.door {
+            Some(door) => door.seen_or_mark(store, &key),
+            None => true,
+        };
+        if seen {
+            self.admit(store, key, value);
+            return;
+        }
+        let m = slot_of(&mut self.fetched, store);
+        if m.len() >= FETCHED_MAX {
+            m.clear();
+        }
+        m.insert(key, value);
+    }
+
+    /// Puts a committed value into the cache.
+    pub(crate) fn admit(&mut self, store: usize, key: Vec<u8>, value: Option<Vec<u8>>) {
         let Some(budget) = self.budget.clone() else {
             return;
         };
@@ -293,12 +384,29 @@ impl Overlay {
     /// Empties the hot-key cache, its memory included, and gives its bytes back to the budget.
     pub fn forget_cache(&mut self) {
         if let Some(b) = &self.budget {
-            b.release(self.clean_bytes + self.old_bytes);
+            b.release(self.clean_bytes + self.old_bytes + self.door_bytes());
         }
         self.clean_bytes = 0;
         self.old_bytes = 0;
         self.clean = Vec::new();
         self.old = Vec::new();
+        self.fetched = Vec::new();
+        self.door = None;
+    }
+
+    /// A committed write: the cache's entry of the key, if it has one, takes the new value.
+    fn refresh(&mut self, store: usize, key: Vec<u8>, value: Option<Vec<u8>>) {
+        if self.clean.get(store).is_some_and(|m| m.contains_key(&key)) {
+            self.admit(store, key, value);
+        } else if let Some(old) = self.old.get_mut(store).and_then(|m| m.remove(&key)) {
+            // Written again since the last turn: it moves to the young generation.
+            let back = entry_bytes(&key, &old).min(self.old_bytes);
+            if let Some(b) = &self.budget {
+                b.release(back);
+            }
+            self.old_bytes -= back;
+            self.admit(store, key, value);
+        }
     }
 
     /// The commit of the writes last taken succeeded (they are in RocksDB): they move into the
@@ -316,7 +424,7 @@ impl Overlay {
             Ok(w) => {
                 for (store, m) in w.maps.into_iter().enumerate() {
                     for (key, (value, _)) in m {
-                        self.remember(store, key, value);
+                        self.refresh(store, key, value);
                     }
                 }
             }
@@ -425,6 +533,11 @@ impl Overlay {
     pub fn take(&mut self) -> Arc<Writes> {
         debug_assert!(self.committing.is_none());
         self.written = 0;
+        // RocksDB's values from before the writes taken now, which may replace them: once
+        // those settle, such a value would be stale.
+        for m in &mut self.fetched {
+            m.clear();
+        }
         let maps = std::mem::take(&mut self.pending);
         let w = Arc::new(Writes { maps });
         self.committing = Some(w.clone());
@@ -462,25 +575,135 @@ mod tests {
     }
 
     #[test]
-    fn settled_writes_are_hits() {
+    fn settled_writes_refresh_the_keys_the_cache_holds_and_leave_the_others_out() {
         let budget = HotBudget::new(1 << 20);
         let mut o = Overlay::with_budget(budget.clone());
-        o.put(0, b"k".to_vec(), Some(b"1".to_vec()));
+        o.admit(0, b"cached".to_vec(), Some(b"0".to_vec()));
+        o.put(0, b"cached".to_vec(), Some(b"1".to_vec()));
+        o.put(0, b"blind".to_vec(), Some(b"1".to_vec()));
         o.keep_call();
         let w = o.take();
         assert_eq!(
-            o.get(0, b"k"),
+            o.get(0, b"blind"),
             Some(Some(&b"1"[..])),
             "committing writes are seen"
         );
-        assert_eq!(budget.used(), 0);
         drop(w);
         o.settle();
         assert!(!o.is_committing());
-        assert_eq!(o.get(0, b"k"), Some(Some(&b"1"[..])));
-        assert!(budget.used() > 0);
+        assert_eq!(o.get(0, b"cached"), Some(Some(&b"1"[..])));
+        assert_eq!(o.get(0, b"blind"), None, "never read: RocksDB answers");
+        assert_eq!(
+            o.cached_bytes(),
+            entry_bytes(b"cached", &Some(b"1".to_vec()))
+        );
         drop(o);
         assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn a_key_enters_the_cache_on_its_second_read_and_serves_its_first_batch_until_then() {
+        let budget = HotBudget::new(1 << 20);
+        let mut o = Overlay::with_budget(budget.clone());
+        o.remember(0, b"k".to_vec(), Some(b"v".to_vec()));
+        assert_eq!(
+            o.get(0, b"k"),
+            Some(Some(&b"v"[..])),
+            "the batch that read it"
+        );
+        assert_eq!(o.cached_bytes(), 0);
+        assert_eq!(
+            budget.used(),
+            DOOR_BITS / 8,
+            "only the doorkeeper is charged"
+        );
+        o.keep_call();
+        o.take();
+        o.settle();
+        assert_eq!(o.get(0, b"k"), None, "dropped with its batch");
+        o.remember(0, b"k".to_vec(), Some(b"v".to_vec()));
+        o.take();
+        o.settle();
+        assert_eq!(
+            o.get(0, b"k"),
+            Some(Some(&b"v"[..])),
+            "admitted at the second read"
+        );
+        assert!(o.cached_bytes() > 0);
+        o.forget_cache();
+        assert_eq!(budget.used(), 0);
+        assert_eq!(o.get(0, b"k"), None);
+    }
+
+    #[test]
+    fn a_value_read_then_written_in_one_batch_is_not_served_stale_after_the_commit() {
+        let budget = HotBudget::new(1 << 20);
+        let mut o = Overlay::with_budget(budget.clone());
+        o.remember(0, b"k".to_vec(), Some(b"old".to_vec()));
+        o.put(0, b"k".to_vec(), Some(b"new".to_vec()));
+        o.keep_call();
+        let w = o.take();
+        assert_eq!(o.get(0, b"k"), Some(Some(&b"new"[..])));
+        drop(w);
+        o.settle();
+        assert_ne!(o.get(0, b"k"), Some(Some(&b"old"[..])));
+        assert_eq!(o.get(0, b"k"), None, "RocksDB has the new value");
+    }
+
+    #[test]
+    fn keys_read_once_stay_out_of_the_cache_and_the_doorkeeper_starts_over() {
+        let budget = HotBudget::new(64 << 20);
+        let mut o = Overlay::with_budget(budget.clone());
+        let keys = 20_000u32;
+        for i in 0..keys {
+            o.remember(0, format!("once-{i}").into_bytes(), Some(vec![0; 8]));
+            if i % 100 == 99 {
+                o.take();
+                o.settle();
+            }
+        }
+        // Only those whose bit another key had set got in: well under 5% at this fill.
+        let entry = entry_bytes(b"once-00000", &Some(vec![0; 8]));
+        assert!(
+            o.cached_bytes() < keys as usize / 20 * entry,
+            "{} bytes cached for {keys} keys read once",
+            o.cached_bytes()
+        );
+        // A key read again within the window gets in; one read again after the doorkeeper
+        // started over does not.
+        o.remember(0, b"again".to_vec(), None);
+        o.take();
+        o.remember(0, b"again".to_vec(), None);
+        o.take();
+        assert_eq!(o.get(0, b"again"), Some(None));
+        o.remember(0, b"late".to_vec(), None);
+        let marked = |o: &Overlay| o.door.as_ref().map_or(0, |d| d.marked);
+        let mut i = 0u32;
+        while marked(&o) < DOOR_WINDOW {
+            o.remember(1, i.to_be_bytes().to_vec(), None);
+            i += 1;
+            if i.is_multiple_of(1000) {
+                o.take();
+            }
+        }
+        o.remember(1, b"the first of the next window".to_vec(), None);
+        assert_eq!(marked(&o), 1, "started over");
+        o.take();
+        o.remember(0, b"late".to_vec(), None);
+        o.take();
+        assert_eq!(o.get(0, b"late"), None, "forgotten by the doorkeeper");
+        drop(o);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn without_room_for_a_doorkeeper_every_key_read_is_admitted() {
+        let budget = HotBudget::new(DOOR_BITS / 8 - 1);
+        let mut o = Overlay::with_budget(budget.clone());
+        o.remember(0, b"k".to_vec(), Some(b"v".to_vec()));
+        o.take();
+        assert_eq!(o.get(0, b"k"), Some(Some(&b"v"[..])));
+        assert_eq!(budget.used(), o.cached_bytes());
     }
 
     #[test]
@@ -489,14 +712,14 @@ mod tests {
         let budget = HotBudget::new(3 * entry);
         let mut o = Overlay::with_budget(budget.clone());
         for round in 0..5u8 {
-            o.remember(0, b"k0".to_vec(), Some(vec![round; 8]));
+            o.admit(0, b"k0".to_vec(), Some(vec![round; 8]));
         }
         assert_eq!(budget.used(), entry, "an overwrite is charged once");
         assert_eq!(o.get(0, b"k0"), Some(Some(&[4u8; 8][..])));
         // The young generation turns old at half the budget: the last two keys stay, one in
         // each generation, and the charge stays within the bound.
         for (i, k) in [b"k1", b"k2", b"k3"].into_iter().enumerate() {
-            o.remember(0, k.to_vec(), Some(vec![i as u8 + 1; 8]));
+            o.admit(0, k.to_vec(), Some(vec![i as u8 + 1; 8]));
             assert!(budget.used() <= 3 * entry);
             assert_eq!(o.cached_bytes(), budget.used());
         }
@@ -517,9 +740,9 @@ mod tests {
         // are 1,000 keys seen once each, ten times what the budget holds.
         for i in 0..1000u32 {
             if i % 10 == 0 {
-                o.remember(0, b"hot".to_vec(), Some(i.to_be_bytes().repeat(2)));
+                o.admit(0, b"hot".to_vec(), Some(i.to_be_bytes().repeat(2)));
             }
-            o.remember(0, format!("c{i:03}").into_bytes(), Some(vec![0; 8]));
+            o.admit(0, format!("c{i:03}").into_bytes(), Some(vec![0; 8]));
             assert!(budget.used() <= 100 * entry, "over the budget at {i}");
             assert_eq!(o.cached_bytes(), budget.used());
             assert_eq!(
@@ -608,11 +831,12 @@ mod tests {
             ]
         );
         assert_eq!(first.len(), 2, "the commit holds only what was taken");
-        // Settled: the first commit's values are the cache, the pending write still wins.
+        // Settled: the first commit's values are RocksDB's (the cache held neither key), the
+        // pending write still wins.
         drop(first);
         o.settle();
         assert_eq!(o.get(0, b"a"), Some(Some(&b"2"[..])));
-        assert_eq!(o.get(0, b"b"), Some(Some(&b"1"[..])));
+        assert_eq!(o.get(0, b"b"), None);
         let second = o.take();
         assert_eq!(second.len(), 2);
     }
@@ -621,7 +845,7 @@ mod tests {
     fn writes_still_shared_at_settle_leave_no_stale_cache_entry() {
         let budget = HotBudget::new(1 << 20);
         let mut o = Overlay::with_budget(budget.clone());
-        o.remember(0, b"k".to_vec(), Some(b"old".to_vec()));
+        o.admit(0, b"k".to_vec(), Some(b"old".to_vec()));
         o.put(0, b"k".to_vec(), Some(b"new".to_vec()));
         o.keep_call();
         let held = o.take();
