@@ -372,25 +372,14 @@ impl PartitionIo for KafkaIo {
             return Ok(());
         }
         tracing::info!(records = total, "restoring state from the changelog");
-        let mut done = 0u64;
-        let mut last_progress = Instant::now();
         let mut last_log = Instant::now();
-        while !tail.caught_up() {
-            let n = tail.poll(db, Duration::from_millis(20))?;
-            if n > 0 {
-                last_progress = Instant::now();
-            }
-            done += n;
+        let done = tail.read_to_end(db, Duration::from_secs(60), &mut |done| {
             if last_log.elapsed() > Duration::from_secs(2) {
                 tracing::info!(done, total, "restoring");
                 last_log = Instant::now();
             }
             report(done, false);
-            anyhow::ensure!(
-                last_progress.elapsed() < Duration::from_secs(60),
-                "restore made no progress for 60 s"
-            );
-        }
+        })?;
         self.restored = done;
         tail.close_in_background();
         report(done, true);

@@ -4,12 +4,12 @@
 //! a later restore goes on from there.
 
 use std::ops::Range;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::changelog_offset_key;
 use crate::control::PipelineRecord;
 use crate::state::{PartitionDb, WriteOp, slot_key};
-use crate::transport::kafka::{InputConsumer, KafkaTransport};
+use crate::transport::kafka::{Fetched, InputConsumer, KafkaTransport};
 
 /// Most records one poll applies in one RocksDB write.
 const POLL_RECORDS: usize = 20_000;
@@ -20,6 +20,29 @@ fn last_of_each_key_in_order(writes: &mut Vec<WriteOp>) {
     writes.reverse();
     writes.sort_by(|a, b| (a.store, &a.key).cmp(&(b.store, &b.key)));
     writes.dedup_by(|later, first| later.store == first.store && later.key == first.key);
+}
+
+/// How long one fetch of [`Tail::read_to_end`] waits for records.
+const IDLE_WAIT: Duration = Duration::from_millis(20);
+
+/// A batch read from the changelogs, ready for RocksDB.
+struct Prepared {
+    /// Sorted by store and key, the last write of each key.
+    writes: Vec<WriteOp>,
+    /// The changelog offsets reached.
+    meta: Vec<(String, Option<Vec<u8>>)>,
+    /// Records read.
+    n: u64,
+}
+
+impl Prepared {
+    /// Writes the batch and its offsets in one RocksDB write; answers the records it holds.
+    fn apply(self, db: &PartitionDb) -> anyhow::Result<u64> {
+        if !self.writes.is_empty() || !self.meta.is_empty() {
+            db.commit(self.writes.iter().map(WriteOp::as_ref), &self.meta)?;
+        }
+        Ok(self.n)
+    }
 }
 
 /// A reader of a partition's changelogs, from where its RocksDB is.
@@ -147,7 +170,12 @@ impl Tail {
     /// starts its search where the one before ended, so keys in order cost a fraction of keys
     /// at random, which is how a changelog holds them.
     pub fn poll(&mut self, db: &PartitionDb, wait: Duration) -> anyhow::Result<u64> {
-        let fetched = self.reader.fetch(POLL_RECORDS, wait);
+        let batch = self.prepare(self.reader.fetch(POLL_RECORDS, wait));
+        batch.apply(db)
+    }
+
+    /// The writes and offsets of what was fetched, sorted for RocksDB.
+    fn prepare(&self, fetched: Vec<Fetched>) -> Prepared {
         let mut writes = Vec::with_capacity(fetched.iter().map(|f| f.records.len()).sum());
         let mut meta = Vec::new();
         let mut n = 0u64;
@@ -171,10 +199,74 @@ impl Tail {
             }
         }
         last_of_each_key_in_order(&mut writes);
-        if !writes.is_empty() || !meta.is_empty() {
-            db.commit(writes.iter().map(WriteOp::as_ref), &meta)?;
-        }
-        Ok(n)
+        Prepared { writes, meta, n }
+    }
+
+    /// Reads to the changelogs' ends last seen and applies what it reads to `db`, as
+    /// [`Tail::poll`] does, with `progress` told the records applied so far after each write;
+    /// answers how many records were applied. Fails if nothing arrives for `idle_limit` while
+    /// records are still to be read.
+    ///
+    /// A thread of its own fetches, decodes and sorts the next batch while this one writes the
+    /// last into RocksDB: a restore is CPU-bound, and on one thread the RocksDB write (memtable
+    /// inserts) and the fetching each took a third of it.
+    pub fn read_to_end(
+        &mut self,
+        db: &PartitionDb,
+        idle_limit: Duration,
+        progress: &mut dyn FnMut(u64),
+    ) -> anyhow::Result<u64> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Prepared>(2);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let this = &*self;
+        std::thread::scope(|scope| {
+            let fetcher = std::thread::Builder::new()
+                .name("baton-restore".into())
+                .spawn_scoped(scope, || -> anyhow::Result<()> {
+                    let tx = tx;
+                    let mut last = Instant::now();
+                    while !this.caught_up() {
+                        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            return Ok(());
+                        }
+                        let batch = this.prepare(this.reader.fetch(POLL_RECORDS, IDLE_WAIT));
+                        if batch.n == 0 {
+                            anyhow::ensure!(
+                                last.elapsed() < idle_limit,
+                                "restore made no progress for {} s",
+                                idle_limit.as_secs()
+                            );
+                            continue;
+                        }
+                        last = Instant::now();
+                        if tx.send(batch).is_err() {
+                            return Ok(());
+                        }
+                    }
+                    Ok(())
+                })?;
+            let mut done = 0u64;
+            let mut applied = Ok(());
+            while let Ok(batch) = rx.recv() {
+                match batch.apply(db) {
+                    Ok(n) => {
+                        done += n;
+                        progress(done);
+                    }
+                    Err(e) => {
+                        applied = Err(e);
+                        break;
+                    }
+                }
+            }
+            // A failed write stops the fetcher: it sees the flag, or a closed channel.
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            drop(rx);
+            let fetched = fetcher
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the restore's fetching thread panicked")));
+            applied.and(fetched).map(|()| done)
+        })
     }
 
     /// Closes the clients on a thread of their own: closing a consumer waits for its fetches
