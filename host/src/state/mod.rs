@@ -8,7 +8,7 @@
 //!   committed batches (u64 BE), `outbox` = outputs of the last batch not yet known to be in the
 //!   log (see the task module).
 //!
-//! Memory is bounded per host, not per partition: every database of a host shares one LRU block
+//! Memory is bounded per host, not per partition: every database of a host shares one block
 //! cache (index and filter blocks charged to it) and one write-buffer manager charged to the same
 //! cache, sized by `--state-memory`. RocksDB's info logs are capped.
 
