@@ -3,7 +3,9 @@
 //! every second visit reads a key back from RocksDB rather than from any cache of recent keys.
 //! The rate over the second half of the records must be at least [`NO_COLLAPSE`] of the rate
 //! over the first half (a collapse as the database grows shows there), all within 90 s, and
-//! every count must be exact: read back from the changelog, the state's durable copy.
+//! every count must be exact: read back from the changelog, the state's durable copy. Then a new
+//! host on an empty data dir restores the partition from the changelog and counts one more visit
+//! of some keys: every count must be exact again.
 //!
 //! The default run: 4M records over 2M keys with `--state-memory 64MiB`
 //! (BATON_TEST_SCALE_MEMORY). With whole-file filters and RocksDB's default cache shards, this
@@ -199,5 +201,73 @@ async fn millions_of_keys_in_one_partition_keep_their_rate_and_exact_counts() ->
         );
     }
     host.terminate()?;
+
+    // A new host on an empty data dir restores the partition from the changelog (millions of
+    // records: in runs ingested as SST files), then counts one more visit of some keys. Its
+    // counts can only be right if what it restored was.
+    let extra: Vec<(String, String)> = (0..EXTRA_KEYS.min(keys))
+        .map(|k| (key(k), value.clone()))
+        .collect();
+    producer.send(&topic, SLOTS, &extra).await?;
+    let dir2 = tempfile::tempdir()?;
+    let host2 = ChildHost::start_sized(
+        dir2.path(),
+        &cluster,
+        "512MiB",
+        &["--kafka", &kafka_bootstrap()],
+    )
+    .await?;
+    let api2 = &host2.api;
+    let me = api2.get("/api/v1/host").await?.body["id"].clone();
+    let restore = baton_tests::wait_for("the restore on a new host", limit, || async {
+        let parts = api2.partitions().await?;
+        Ok(parts
+            .into_iter()
+            .find(|p| p["id"] == "wc-0" && p["owner"] == me && p["state"] == "running")
+            .and_then(|p| p["restore"].as_object().cloned())
+            .filter(|r| r["finished"] == true))
+    })
+    .await?;
+    let restored = restore["done"].as_u64().unwrap_or(0);
+    eprintln!("restored {restored} changelog records on a new host: {restore:?}");
+    assert!(
+        restored >= keys,
+        "the new host restored {restored} changelog records, fewer than the {keys} keys"
+    );
+    let all = n + extra.len() as u64;
+    baton_tests::wait_for("the extra visits processed", limit, || async {
+        let done: u64 = baton_tests::group_offsets(&group, &topic, SLOTS)?
+            .iter()
+            .sum();
+        Ok((done >= all).then_some(()))
+    })
+    .await?;
+    let counts = changelog_counts(&format!("{cluster}.wc.counts.changelog"))?;
+    assert_eq!(counts.len() as u64, keys, "distinct keys in the changelog");
+    let again: std::collections::HashSet<&[u8]> = extra.iter().map(|(k, _)| k.as_bytes()).collect();
+    let want = |k: &[u8]| VISITS as i64 + i64::from(again.contains(k));
+    let wrong: Vec<_> = counts
+        .iter()
+        .filter(|((_, k), v)| **v != want(k))
+        .take(5)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "wrong counts after the restore: {wrong:?}"
+    );
+    // The restored state answers queries: keys counted again and keys only restored.
+    for k in [0, EXTRA_KEYS - 1, EXTRA_KEYS, keys / 3, keys - 1] {
+        let k = k.min(keys - 1);
+        assert_eq!(
+            api2.counter("wc", "counts", &key(k)).await?,
+            Some(want(key(k).as_bytes())),
+            "count of {} on the new host",
+            key(k)
+        );
+    }
+    host2.terminate()?;
     Ok(())
 }
+
+/// Keys visited once more after the restore on a new host.
+const EXTRA_KEYS: u64 = 50_000;

@@ -360,6 +360,8 @@ impl StateEnv {
             hot: self.hot.clone(),
             written: Default::default(),
             memtable_filters: Default::default(),
+            store_options: self.cf_options(),
+            ingested: Default::default(),
         })
     }
 }
@@ -421,7 +423,19 @@ pub struct PartitionDb {
     written: std::sync::atomic::AtomicU64,
     /// Whether the stores' new memtables are built with a bloom filter.
     memtable_filters: std::sync::atomic::AtomicBool,
+    /// The stores' options, for the SST files [`PartitionDb::ingest_sorted`] writes.
+    store_options: Options,
+    /// SST files ingested since the database opened (their names).
+    ingested: std::sync::atomic::AtomicU64,
 }
+
+/// Where [`PartitionDb::ingest_sorted`] writes its SST files, inside the database's directory
+/// (RocksDB ignores what it does not know there).
+const INGEST_DIR: &str = "ingest";
+
+/// Level-0 files of a store above which [`PartitionDb::ingest_sorted`] waits for compactions:
+/// an ingestion is not held back by RocksDB's write stalls as a write is.
+const INGEST_L0_MAX: u64 = 40;
 
 /// Bytes a partition commits before its stores' memtables get a bloom filter: four write
 /// buffers, so that a partition that has filled its memtables again and again pays for the
@@ -433,7 +447,130 @@ const MEMTABLE_FILTERS_AFTER: u64 = 64 << 20;
 /// memtable does not hold skips its skiplist nearly always.
 const MEMTABLE_FILTER_RATIO: &str = "0.02";
 
+/// A store's options in its normal mode (RocksDB's defaults) and while a restore bulk-loads it
+/// ([`PartitionDb::bulk_load`]): four times as many level-0 files before a compaction.
+///
+/// A restore writes each key of the changelog once per update, at random over the whole key
+/// space, so every level-0 file overlaps all of the next level, and each level-0 compaction
+/// rewrites that level whole: at 3M keys, compactions were a quarter of a restore's CPU. One of
+/// 16 level-0 files rewrites the level below once where one of 4 rewrote it four times. (Larger
+/// memtables did not help: their inserts cost more than the compactions they saved.)
+const STORE_MODES: [[(&str, &str); 3]; 2] = [
+    [
+        ("level0_file_num_compaction_trigger", "4"),
+        ("level0_slowdown_writes_trigger", "20"),
+        ("level0_stop_writes_trigger", "36"),
+    ],
+    [
+        ("level0_file_num_compaction_trigger", "16"),
+        ("level0_slowdown_writes_trigger", "48"),
+        ("level0_stop_writes_trigger", "64"),
+    ],
+];
+
 impl PartitionDb {
+    /// Puts the stores in bulk-load mode (`on`) or back in their normal mode: see
+    /// [`STORE_MODES`]. A restore that reads a changelog to its end turns it on while it writes;
+    /// the level-0 files it leaves are compacted in the background once it is off again.
+    /// Memtables stay within the write-buffer manager's bound in both modes.
+    pub fn bulk_load(&self, on: bool) -> Result<()> {
+        for store in 0..self.cf_names.len() {
+            let cf = self.cf(store)?;
+            self.db.set_options_cf(cf, &STORE_MODES[usize::from(on)])?;
+        }
+        Ok(())
+    }
+
+    /// Writes `writes` (sorted by store and key, one write per key) into SST files of their
+    /// own, one per store, and ingests them: they go to RocksDB's tree as files, without its
+    /// write-ahead log, memtables or flushes. Then `meta` goes in a write of its own.
+    ///
+    /// For a restore: a changelog's updates come at random over the whole key space, and the
+    /// memtable inserts of a restore were most of its partition thread's time. The ingested
+    /// files are newer than anything in the database, so they override it, as writes would.
+    /// The metadata (the changelog offsets reached) follows the data: a crash between them
+    /// leaves the offsets behind the data, and reading the changelog again from there writes
+    /// the same values again, in order.
+    pub fn ingest_sorted<'a>(
+        &self,
+        writes: impl IntoIterator<Item = WriteRef<'a>>,
+        meta: &[(String, Option<Vec<u8>>)],
+    ) -> Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let dir = self.path.join(INGEST_DIR);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| StateError::Corrupt(format!("{}: {e}", dir.display())))?;
+        // The file being written: its store and its path.
+        let mut open: Option<(usize, rocksdb::SstFileWriter<'_>, PathBuf)> = None;
+        for w in writes {
+            if open.as_ref().is_some_and(|(store, _, _)| *store != w.store)
+                && let Some((store, sst, file)) = open.take()
+            {
+                self.ingest_file(store, sst, &file)?;
+            }
+            let (_, sst, _) = match &mut open {
+                Some(o) => o,
+                None => {
+                    let file = dir.join(format!("{}.sst", self.ingested.fetch_add(1, Relaxed)));
+                    let sst = rocksdb::SstFileWriter::create(&self.store_options);
+                    sst.open(&file)?;
+                    open.insert((w.store, sst, file))
+                }
+            };
+            match w.value {
+                Some(v) => sst.put(w.key, v)?,
+                None => sst.delete(w.key)?,
+            }
+        }
+        if let Some((store, sst, file)) = open.take() {
+            self.ingest_file(store, sst, &file)?;
+        }
+        if !meta.is_empty() {
+            self.commit(std::iter::empty(), meta)?;
+        }
+        Ok(())
+    }
+
+    /// Finishes the SST file `file` of `store` and moves it into the database.
+    fn ingest_file(
+        &self,
+        store: usize,
+        mut sst: rocksdb::SstFileWriter<'_>,
+        file: &Path,
+    ) -> Result<()> {
+        sst.finish()?;
+        let cf = self.cf(store)?;
+        self.wait_for_level0(cf);
+        let mut o = rocksdb::IngestExternalFileOptions::default();
+        o.set_move_files(true);
+        let ingested = self.db.ingest_external_file_cf_opts(cf, &o, vec![file]);
+        // Moved into the database as a hard link; the name here is left to remove.
+        let _ = std::fs::remove_file(file);
+        Ok(ingested?)
+    }
+
+    /// Waits, up to a minute, while a store has more than [`INGEST_L0_MAX`] level-0 files.
+    fn wait_for_level0(&self, cf: &rocksdb::ColumnFamily) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while std::time::Instant::now() < deadline {
+            let files = self
+                .db
+                .property_int_value_cf(cf, "rocksdb.num-files-at-level0")
+                .ok()
+                .flatten()
+                .unwrap_or(0);
+            if files <= INGEST_L0_MAX {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    /// Removes SST files an ingestion left behind (a crash between writing and ingesting one).
+    pub fn clear_ingest_dir(&self) {
+        let _ = std::fs::remove_dir_all(self.path.join(INGEST_DIR));
+    }
+
     /// The host's budget of hot-key caches.
     pub fn hot_budget(&self) -> Arc<overlay::HotBudget> {
         self.hot.clone()
@@ -815,6 +952,72 @@ mod tests {
             "every absent key skipped the new memtable"
         );
         set_perf_stats(PerfStatsLevel::Disable);
+    }
+
+    #[test]
+    fn ingested_files_override_what_was_there_and_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let env = StateEnv::new(32 << 20);
+        let stores = vec!["counts".to_string(), "totals".to_string()];
+        let put = |store, key: &[u8], value: &[u8]| WriteOp {
+            store,
+            key: slot_key(1, key),
+            value: Some(value.to_vec()),
+        };
+        {
+            let db = env.open_partition(dir.path(), &stores).unwrap();
+            // Older state, partly in the memtable: the ingestion must override it.
+            let old = [
+                put(0, b"a", b"old"),
+                put(0, b"b", b"old"),
+                put(1, b"z", b"old"),
+            ];
+            db.commit(old.iter().map(WriteOp::as_ref), &[]).unwrap();
+            db.bulk_load(true).unwrap();
+            let writes = [
+                put(0, b"a", b"new"),
+                WriteOp {
+                    store: 0,
+                    key: slot_key(1, b"b"),
+                    value: None,
+                },
+                put(0, b"c", b"new"),
+                put(1, b"z", b"new"),
+            ];
+            db.ingest_sorted(
+                writes.iter().map(WriteOp::as_ref),
+                &[("cl/counts/1".into(), Some(9u64.to_be_bytes().to_vec()))],
+            )
+            .unwrap();
+            db.bulk_load(false).unwrap();
+            // The files were moved in: nothing is left where they were written.
+            let left = std::fs::read_dir(dir.path().join(INGEST_DIR))
+                .unwrap()
+                .count();
+            assert_eq!(left, 0);
+        }
+        let db = env.open_partition(dir.path(), &stores).unwrap();
+        assert_eq!(
+            db.get(0, &slot_key(1, b"a")).unwrap(),
+            Some(b"new".to_vec())
+        );
+        assert_eq!(db.get(0, &slot_key(1, b"b")).unwrap(), None);
+        assert_eq!(
+            db.get(0, &slot_key(1, b"c")).unwrap(),
+            Some(b"new".to_vec())
+        );
+        assert_eq!(
+            db.get(1, &slot_key(1, b"z")).unwrap(),
+            Some(b"new".to_vec())
+        );
+        assert_eq!(db.get_meta_u64("cl/counts/1").unwrap(), Some(9));
+        // Writes after an ingestion override it in turn.
+        db.commit([put(0, b"c", b"later")].iter().map(WriteOp::as_ref), &[])
+            .unwrap();
+        assert_eq!(
+            db.get(0, &slot_key(1, b"c")).unwrap(),
+            Some(b"later".to_vec())
+        );
     }
 
     #[test]

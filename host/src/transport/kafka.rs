@@ -1261,6 +1261,20 @@ pub struct Fetched {
     pub records: Vec<LogRecord>,
 }
 
+/// A record of [`InputConsumer::fetch_raw`], borrowed.
+pub struct RawRecord<'a> {
+    /// Topic.
+    pub topic: &'a str,
+    /// Partition (slot).
+    pub partition: u32,
+    /// Offset.
+    pub offset: u64,
+    /// `None` for a record without a key.
+    pub key: Option<&'a [u8]>,
+    /// `None` for a tombstone.
+    pub value: Option<&'a [u8]>,
+}
+
 impl InputConsumer {
     /// The group's committed offsets of these topic partitions (`None` where nothing is committed).
     pub fn committed(&self, tps: &[(String, u32)]) -> Result<Vec<Option<u64>>, TransportError> {
@@ -1417,6 +1431,58 @@ impl InputConsumer {
             }
         }
         groups
+    }
+
+    /// [`InputConsumer::fetch`] without copies: `each` sees each record's key and value in
+    /// librdkafka's buffers (no headers, no timestamp); answers how many records it saw. For
+    /// readers that copy what they keep anyway, such as a restore.
+    pub fn fetch_raw(
+        &self,
+        max: usize,
+        wait: Duration,
+        each: &mut dyn FnMut(RawRecord<'_>),
+    ) -> usize {
+        let mut n = 0;
+        while let Some(m) = self.consumer.poll(Duration::ZERO) {
+            match m {
+                Ok(m) => {
+                    each(RawRecord {
+                        topic: m.topic(),
+                        partition: m.partition() as u32,
+                        offset: m.offset() as u64,
+                        key: m.key(),
+                        value: m.payload(),
+                    });
+                    n += 1;
+                }
+                Err(e) => tracing::warn!("input consumer: {e}"),
+            }
+        }
+        let wait = if n == 0 { wait } else { Duration::ZERO };
+        let batch = self.records.consume(max.max(1), wait);
+        // The name of the last topic seen, by its handle: records come in runs of one.
+        let mut topic: Option<(usize, String)> = None;
+        for msg in &batch {
+            if let Some(e) = msg.error() {
+                tracing::warn!("input consumer: {e}");
+                continue;
+            }
+            let id = msg.topic_id();
+            let name = match &topic {
+                Some((i, name)) if *i == id => name,
+                _ => &topic.insert((id, msg.topic())).1,
+            };
+            let (key, value) = msg.key_value();
+            each(RawRecord {
+                topic: name,
+                partition: msg.partition(),
+                offset: msg.offset(),
+                key,
+                value,
+            });
+            n += 1;
+        }
+        n
     }
 
     /// The group's metadata, for offsets committed in a transaction.

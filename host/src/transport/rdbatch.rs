@@ -157,6 +157,17 @@ impl RawMessage {
         }
     }
 
+    /// The record's key and value, borrowed from librdkafka's buffers.
+    pub(super) fn key_value(&self) -> (Option<&[u8]>, Option<&[u8]>) {
+        let m = self.get();
+        let slice = |ptr: *const c_void, len: usize| {
+            // SAFETY: librdkafka guarantees `len` readable bytes at `ptr` for the message's
+            // life, which the borrow of `self` bounds.
+            (!ptr.is_null()).then(|| unsafe { std::slice::from_raw_parts(ptr as *const u8, len) })
+        };
+        (slice(m.key, m.key_len), slice(m.payload, m.len))
+    }
+
     /// The record, copied out of librdkafka's buffers.
     pub(super) fn record(&self) -> Record {
         let m = self.get();
