@@ -16,7 +16,9 @@ distinct keys, baton against Kafka Streams on the same input and broker, in alte
 - For baton also: its peak RSS (VmHWM) against the bound, the SST bytes on disk at the end, and
   the restore: a new `baton` process on an empty data dir restores every partition from the
   changelogs; its rate is changelog records applied per second of wall time (process start to
-  every partition running), with its CPU per million records. The ceiling is a bare rdkafka
+  every partition running, so the host's start and its joining the cluster count too), with its
+  CPU per million records; beside it, the slowest partition's rate by its own clock (its
+  restore's start to its end, as `GET /api/v1/partitions` reports it). The ceiling is a bare rdkafka
   consumer reading the same changelog partitions (read_committed, baton's fetch settings).
 
 Rows: BATON_SCALE_ROWS, a comma-separated list of KEYSxPARTITIONS (keys per partition, k and M
@@ -27,6 +29,8 @@ for at most BATON_SCALE_KS_LIMIT_S seconds (default 900): a run stopped there is
 25% (or 10%, if it got no further than 40%) to where it got, and marked. Kafka Streams slows as
 its state grows, so a stopped run's rate is above what the whole run would have shown: the
 ratio to baton is in Kafka Streams' favour.
+BATON_SCALE_KEEP_TOPICS=1 keeps each row's topics (input, changelogs) on the broker after it, for
+profiling a restore of them again (`bench/restore.py`).
 Run by `bench/run state-scale`; prints a Markdown table.
 """
 
@@ -160,7 +164,8 @@ def sst_bytes(path):
 
 def wait_running(base, partitions, proc, limit_s):
     """Waits until every partition of the pipeline runs on this host with its restore finished;
-    returns the changelog records the restores applied."""
+    returns the changelog records the restores applied and the slowest partition's restore rate
+    by its own clock (records over the seconds from its restore's start to its end)."""
     deadline = time.time() + limit_s
     me = http(base, "GET", "/api/v1/host")["id"]
     while True:
@@ -171,7 +176,8 @@ def wait_running(base, partitions, proc, limit_s):
         done = [p for p in rows if p["state"] == "running"
                 and (p.get("restore") or {}).get("finished")]
         if len(rows) == partitions and len(done) == partitions:
-            return sum(p["restore"]["done"] for p in rows)
+            return (sum(p["restore"]["done"] for p in rows),
+                    min(p["restore"]["rate"] for p in rows))
         if time.time() > deadline:
             raise RuntimeError(f"restore not finished in {limit_s} s: {rows}")
         time.sleep(0.1)
@@ -219,13 +225,14 @@ def run_baton(topic, n, partitions, run):
         started = time.time()
         proc, base = start_baton(fresh, cluster, STATE_MEMORY)
         try:
-            replayed = wait_running(base, partitions, proc, 3600)
+            replayed, own_rate = wait_running(base, partitions, proc, 3600)
             secs = time.time() - started
             cpu = cpu_secs(proc.pid)
         finally:
             stop(proc)
             shutil.rmtree(fresh, ignore_errors=True)
         res["restore_rate"] = replayed / secs
+        res["restore_own_rate"] = own_rate
         res["restore_cpu_per_m"] = cpu / max(replayed / 1e6, 1e-9)
         res["restored"] = replayed
         res["cluster"] = cluster
@@ -318,7 +325,8 @@ def main():
                 extra = ""
                 if who == "baton":
                     extra = (f", RSS peak {mib(res['rss_peak'])} MiB, SST {mib(res['sst_bytes'])}"
-                             f" MiB, restore {res['restore_rate']:,.0f} records/s")
+                             f" MiB, restore {res['restore_rate']:,.0f} records/s (slowest partition by its"
+                             f" own clock: {res['restore_own_rate']:,.0f})")
                 log(f"{keys_s}x{parts_s} round {r + 1} {who}: {res['rate']:,.0f} records/s, "
                     f"{res['cpu_per_m']:.2f} CPU s/M, halves {res['first_half']:,.0f} -> "
                     f"{res['second_half']:,.0f}, {res['total_secs']:.0f} s{extra}")
@@ -329,7 +337,8 @@ def main():
         log(f"{keys_s}x{parts_s} bare consumers of the changelog: {bare[0]:,.0f} records/s, "
             f"{bare[1]:.2f} CPU s/M")
         table.append((keys_s, partitions, n, results, bare))
-        drop_topics()
+        if os.environ.get("BATON_SCALE_KEEP_TOPICS") != "1":
+            drop_topics()
 
     med = lambda xs, k: statistics.median(x[k] for x in xs)
     print(f"\nword-count (groupByKey().count()) at scale, exactly-once: 3 records per distinct "
@@ -338,9 +347,10 @@ def main():
           "rounds\n")
     print("| keys per partition | partitions | records | baton records/s | baton CPU s / M | "
           "KS records/s | KS CPU s / M | baton / KS | 2nd half / 1st half (baton, KS) | "
-          "baton peak RSS MiB (bound) | SST MiB | restore records/s | restore CPU s / M | "
+          "baton peak RSS MiB (bound) | SST MiB | restore records/s | restore records/s per "
+          "partition | restore CPU s / M | "
           "bare consumers of the changelog records/s (CPU s / M) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     for keys_s, partitions, n, results, bare in table:
         bt, ks = results["baton"], results["kstreams"]
         halves = lambda xs: min(x["second_half"] / x["first_half"] for x in xs)
@@ -354,6 +364,7 @@ def main():
               f"{med(bt, 'cpu_per_m'):.2f} | {ks_rate} | {ks_cpu} | {ratio} | "
               f"{halves(bt):.2f}, {ks_halves} | {mib(max(x['rss_peak'] for x in bt))} "
               f"({mib(bound)}) | {mib(med(bt, 'sst_bytes'))} | {med(bt, 'restore_rate'):,.0f} | "
+              f"{med(bt, 'restore_own_rate'):,.0f} | "
               f"{med(bt, 'restore_cpu_per_m'):.2f} | {bare[0]:,.0f} ({bare[1]:.2f}) |")
     print("\nevery run (records/s over 25-100%):")
     for keys_s, partitions, n, results, _ in table:

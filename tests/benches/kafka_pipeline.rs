@@ -264,6 +264,63 @@ fn bare_consumers(topic: &str, n: usize, slots: u32, consumers: u32) -> Result<f
     Ok(total as f64 / (finished - started).as_secs_f64())
 }
 
+/// The ceiling of a restore: `readers` of baton's own consumers (its client settings, committed
+/// reads, batched fetches with records borrowed from librdkafka's buffers, as a restore reads)
+/// over the first `slots` partitions of `topic`, from their start to their ends, touching each
+/// record's key and doing nothing else; answers records/s.
+fn bare_readers(topic: &str, slots: u32, readers: u32) -> Result<f64> {
+    let transport = baton::transport::kafka::KafkaTransport::connect(
+        baton::transport::kafka::KafkaConfig::new(bootstrap()),
+    )?;
+    let started = Instant::now();
+    let per = slots / readers;
+    let finished = std::thread::scope(|scope| -> Result<Vec<(u64, Instant)>> {
+        let threads: Vec<_> = (0..readers)
+            .map(|i| {
+                let transport = &transport;
+                scope.spawn(move || -> Result<(u64, Instant)> {
+                    let reader = transport.input_consumer("baton.bench.bare")?;
+                    let mut assign = Vec::new();
+                    let mut ends = Vec::new();
+                    for p in i * per..(i + 1) * per {
+                        let (lo, hi) = reader.watermarks(topic, p)?;
+                        assign.push((topic.to_string(), p, lo));
+                        ends.push((p, hi));
+                    }
+                    reader.assign(&assign, assign.len())?;
+                    let (mut seen, mut bytes, mut last) = (0u64, 0usize, Instant::now());
+                    // Done when every partition's position passes its end (transaction markers
+                    // take offsets too).
+                    while ends
+                        .iter()
+                        .any(|&(p, hi)| reader.position(topic, p).unwrap_or(0) < hi)
+                    {
+                        let n = reader.fetch_raw(20_000, Duration::from_millis(20), &mut |r| {
+                            bytes += r.key.map_or(0, <[u8]>::len);
+                        });
+                        if n > 0 {
+                            seen += n as u64;
+                            last = Instant::now();
+                        }
+                        if started.elapsed() > Duration::from_secs(600) {
+                            bail!("bare reader read only {seen} records in 600 s");
+                        }
+                    }
+                    std::hint::black_box(bytes);
+                    Ok((seen, last))
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().map_err(|_| anyhow::anyhow!("reader panicked"))?)
+            .collect()
+    })?;
+    let total: u64 = finished.iter().map(|f| f.0).sum();
+    let last = finished.iter().map(|f| f.1).max().unwrap_or(started);
+    Ok(total as f64 / (last - started).as_secs_f64())
+}
+
 struct Run {
     label: String,
     rate: f64,
@@ -437,7 +494,8 @@ fn main() -> Result<()> {
             .with_writer(std::io::stderr)
             .init();
     }
-    // bench/steady's ceiling: bare consumers over an existing topic, with their CPU time.
+    // The ceiling of bench/steady and bench/state-scale: bare readers over an existing topic,
+    // with their CPU time.
     // BATON_BENCH_BARE_PARTITIONS and BATON_BENCH_BARE_CONSUMERS: how many of its partitions
     // to read (default 8) and how many consumers share them (default 2).
     if let Ok(topic) = std::env::var("BATON_BENCH_BARE_TOPIC") {
@@ -451,7 +509,7 @@ fn main() -> Result<()> {
         let consumers = env("BATON_BENCH_BARE_CONSUMERS", PARTITIONS)?.clamp(1, slots.max(1));
         let cpu_before = own_cpu_secs()?;
         let started = Instant::now();
-        let rate = bare_consumers(&topic, 0, slots, consumers)?;
+        let rate = bare_readers(&topic, slots, consumers)?;
         let secs = started.elapsed().as_secs_f64();
         let cpu = own_cpu_secs()? - cpu_before;
         println!("bare {rate:.0} {secs:.3} {cpu:.3}");
