@@ -18,8 +18,10 @@ distinct keys, baton against Kafka Streams on the same input and broker, in alte
   changelogs; its rate is changelog records applied per second of wall time (process start to
   every partition running, so the host's start and its joining the cluster count too), with its
   CPU per million records; beside it, the slowest partition's rate by its own clock (its
-  restore's start to its end, as `GET /api/v1/partitions` reports it). The ceiling is a bare rdkafka
-  consumer reading the same changelog partitions (read_committed, baton's fetch settings).
+  restore's start to its end, as `GET /api/v1/partitions` reports it). The ceiling is a bare
+  reader per baton partition over the same changelog partitions: baton's own consumer
+  (read_committed, its fetch settings, batched fetches) touching each record's key and nothing
+  more.
 
 Rows: BATON_SCALE_ROWS, a comma-separated list of KEYSxPARTITIONS (keys per partition, k and M
 suffixes), default `20kx1,1Mx1,10Mx1,12.5Mx4`. Rounds per row: BATON_SCALE_ROUNDS (default 2
@@ -334,7 +336,7 @@ def main():
         last = bt[-1]
         bare = run_bare(f"{last['cluster']}.wc.counts.changelog",
                         partitions * SLOTS_PER_PARTITION, partitions)
-        log(f"{keys_s}x{parts_s} bare consumers of the changelog: {bare[0]:,.0f} records/s, "
+        log(f"{keys_s}x{parts_s} bare readers of the changelog: {bare[0]:,.0f} records/s, "
             f"{bare[1]:.2f} CPU s/M")
         table.append((keys_s, partitions, n, results, bare))
         if os.environ.get("BATON_SCALE_KEEP_TOPICS") != "1":
@@ -349,7 +351,7 @@ def main():
           "KS records/s | KS CPU s / M | baton / KS | 2nd half / 1st half (baton, KS) | "
           "baton peak RSS MiB (bound) | SST MiB | restore records/s | restore records/s per "
           "partition | restore CPU s / M | "
-          "bare consumers of the changelog records/s (CPU s / M) |")
+          "bare readers of the changelog records/s (CPU s / M) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     for keys_s, partitions, n, results, bare in table:
         bt, ks = results["baton"], results["kstreams"]

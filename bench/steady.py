@@ -13,8 +13,9 @@ same topic on the same broker, in alternating runs, with the CPU each process sp
   user + system CPU seconds per million records of the contender and of the broker over that
   window, read from /proc.
 - Both guarantees; BATON_STEADY_ROUNDS rounds (default 3), the contenders' order alternating
-  from round to round; medians are reported. The ceiling is bare rdkafka consumers (Rust, tuned
-  like baton's, one per partition) reading the same topic, in the same rounds.
+  from round to round; medians are reported. The ceiling is bare readers (baton's own Kafka
+  consumers with batched fetches, touching each record's key and nothing more, 2 of them, each
+  over 4 partitions) reading the same topic, in the same rounds.
 
 Run by bench/run (which starts the broker and builds what is needed); prints Markdown tables.
 """
@@ -222,7 +223,7 @@ def main():
               f"{med(bt, 'cpu_per_m'):.2f} | {med(bt, 'cpu_per_m') / med(ks, 'cpu_per_m'):.2f} | "
               f"{med(ks, 'broker_cpu_per_m'):.2f}, {med(bt, 'broker_cpu_per_m'):.2f} | "
               f"{med(bt, 'rate') / ceiling:.2f} |")
-    print(f"\nbare rdkafka consumers (2, one per 4 partitions, baton's fetch settings): "
+    print(f"\nbare readers (2, each over 4 partitions; baton's consumers, batched fetches): "
           f"{ceiling:,.0f} records/s, {med(bare, 'cpu_per_m'):.2f} CPU s / M records")
     print("\nevery run (records/s steady):")
     for (g, who), rs in results.items():
