@@ -230,6 +230,7 @@ def run_baton(topic, n, partitions, run):
             replayed, own_rate = wait_running(base, partitions, proc, 3600)
             secs = time.time() - started
             cpu = cpu_secs(proc.pid)
+            res["restore_rss_peak"] = status_kib(proc.pid, "VmHWM") << 10
         finally:
             stop(proc)
             shutil.rmtree(fresh, ignore_errors=True)
@@ -328,7 +329,8 @@ def main():
                 if who == "baton":
                     extra = (f", RSS peak {mib(res['rss_peak'])} MiB, SST {mib(res['sst_bytes'])}"
                              f" MiB, restore {res['restore_rate']:,.0f} records/s (slowest partition by its"
-                             f" own clock: {res['restore_own_rate']:,.0f})")
+                             f" own clock: {res['restore_own_rate']:,.0f}), restore RSS peak"
+                             f" {mib(res['restore_rss_peak'])} MiB")
                 log(f"{keys_s}x{parts_s} round {r + 1} {who}: {res['rate']:,.0f} records/s, "
                     f"{res['cpu_per_m']:.2f} CPU s/M, halves {res['first_half']:,.0f} -> "
                     f"{res['second_half']:,.0f}, {res['total_secs']:.0f} s{extra}")
