@@ -775,6 +775,16 @@ impl ChildHost {
         Ok(())
     }
 
+    /// Sends signal `sig` (as `kill` takes it: `-STOP`, `-CONT`) to the process.
+    pub fn signal(&self, sig: &str) -> Result<()> {
+        let pid = self.child.id().to_string();
+        let status = Command::new("kill").args([sig, &pid]).status()?;
+        if !status.success() {
+            bail!("kill {sig} {pid}: {status}");
+        }
+        Ok(())
+    }
+
     /// SIGTERM and wait for a clean exit.
     pub fn terminate(mut self) -> Result<()> {
         let pid = self.child.id().to_string();

@@ -38,6 +38,11 @@ pub const MOVE_WARMING: &str = "move.warming";
 /// target is about to record its take-over.
 pub const MOVE_TAKE_OVER: &str = "move.take-over";
 
+/// A partition session's step: its committer is about to send a batch's changelog and
+/// output records (the writes of one commit). A host stopped here and cut off from the cluster
+/// comes back as a zombie owner with a commit to make.
+pub const COMMIT_SEND: &str = "commit.send";
+
 /// A fault, not a hold: a partition's input consumer stops fetching (its topic partitions are
 /// paused), with no error, as librdkafka's consumers have been seen to after a broker restart.
 pub const INPUT_STALL: &str = "input.stall";
@@ -61,6 +66,7 @@ pub const STEPS: &[&str] = &[
     STOPPING,
     MOVE_WARMING,
     MOVE_TAKE_OVER,
+    COMMIT_SEND,
 ];
 
 /// Every fault that can be injected.

@@ -1098,3 +1098,116 @@ async fn an_owner_killed_after_its_release_is_taken_over_with_exact_counts() -> 
     b.stop().await?;
     Ok(())
 }
+
+/// The last value of each key of wc's `counts` changelog (both slots), as committed.
+fn changelog_counts(cluster: &str) -> anyhow::Result<BTreeMap<String, i64>> {
+    let topic = format!("{cluster}.wc.counts.changelog");
+    let mut last = BTreeMap::new();
+    for (_, k, v) in baton_tests::read_committed_raw(&topic, 2)? {
+        let key = String::from_utf8_lossy(&k.unwrap_or_default()).into_owned();
+        let v = v.ok_or_else(|| anyhow::anyhow!("a tombstone for {key}"))?;
+        let n = <[u8; 8]>::try_from(v.as_slice())
+            .map(i64::from_be_bytes)
+            .map_err(|_| anyhow::anyhow!("a count of {} bytes for {key}", v.len()))?;
+        last.insert(key, n);
+    }
+    Ok(last)
+}
+
+/// An at-least-once owner cut off in the middle of a commit (held before sending its first
+/// batch, then stopped with SIGSTOP past its session) wakes up after the partition failed
+/// over and the new owner counted more: a zombie with the changelog values of its old state
+/// to write. The new owner's producer fenced it, so the broker refuses them: no count in the
+/// changelog falls below what was sent. Without the fence those values land after the new
+/// owner's and the next restore loses every update since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zombie_at_least_once_owner_loses_no_update() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dirs: Vec<_> = (0..2)
+        .map(|_| tempfile::tempdir())
+        .collect::<Result<_, _>>()?;
+    let cluster = cluster_name(dirs[0].path());
+    let a = baton_tests::child_member_held(
+        dirs[0].path(),
+        &cluster,
+        "a",
+        &format!("{}@wc-0=20s", baton::steps::COMMIT_SEND),
+    )
+    .await?;
+    let b = member(dirs[1].path(), &cluster, "b").await?;
+    wait_alive(&a.api, 2).await?;
+    wait_alive(&b.api, 2).await?;
+    let input = baton_tests::unique("zombie-in");
+    a.api.upload_plugin("word-count", "word-count", "1").await?;
+    a.api
+        .create_pipeline(json!({
+            "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
+            "stores": ["counts"], "slots": 2, "partitions": 1, "guarantee": "at-least-once"
+        }))
+        .await?;
+    wait_for("wc-0 running on a", Duration::from_secs(60), || async {
+        let p = row(&a.api, "wc-0").await?;
+        Ok((p["owner"] == "a" && p["state"] == "running").then_some(()))
+    })
+    .await?;
+    let producer = baton_tests::TestProducer::new()?;
+    let first = baton_tests::words(2_000, 100, 51);
+    producer.send(&input, 2, &records(&first)).await?;
+    baton_tests::wait_held(
+        dirs[0].path(),
+        baton::steps::COMMIT_SEND,
+        "wc-0",
+        Duration::from_secs(60),
+    )
+    .await?;
+    a.signal("-STOP")?;
+    // The session expires: b takes wc-0 over from what was committed (nothing) and counts
+    // everything, then more.
+    wait_for("wc-0 failed over to b", Duration::from_secs(60), || async {
+        let p = row(&b.api, "wc-0").await?;
+        Ok((p["owner"] == "b" && p["state"] == "running").then_some(()))
+    })
+    .await?;
+    let more = baton_tests::words(1_000, 100, 52);
+    producer.send(&input, 2, &records(&more)).await?;
+    b.api
+        .wait_caught_up("wc", 3_000, Duration::from_secs(60))
+        .await?;
+    a.signal("-CONT")?;
+    // The zombie makes its commit once its hold ends, then learns that b owns wc-0 and stops.
+    wait_for(
+        "a's session of wc-0 ended",
+        Duration::from_secs(90),
+        || async {
+            let (status, text) = a.api.get_text("/metrics").await?;
+            anyhow::ensure!(status == 200, "/metrics: {status}");
+            // A series of this host's own sessions (not the cluster's table).
+            let running = text.lines().any(|l| {
+                l.starts_with("baton_records_in_total{pipeline=\"wc\",partition=\"wc-0\"}")
+            });
+            Ok((!running).then_some(()))
+        },
+    )
+    .await?;
+    let want = baton_tests::count(first.iter().chain(&more).map(String::as_str));
+    let logged = changelog_counts(&cluster)?;
+    let short: Vec<_> = want
+        .iter()
+        .filter(|(k, n)| logged.get(*k).is_none_or(|l| l < n))
+        .map(|(k, n)| format!("{k}: {:?} of {n}", logged.get(k)))
+        .collect();
+    assert!(
+        short.is_empty(),
+        "{} keys lost updates in the changelog: {}",
+        short.len(),
+        short.join(", ")
+    );
+    for (k, n) in &want {
+        let got = count_at(&b.api, k).await?.unwrap_or(0);
+        assert!(got >= *n, "count of {k} on b: {got}, sent {n}");
+    }
+    let p = row(&b.api, "wc-0").await?;
+    assert_eq!(p["owner"], "b", "{p}");
+    b.stop().await?;
+    Ok(())
+}

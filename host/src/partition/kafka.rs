@@ -130,9 +130,7 @@ impl Prepared {
         tail: super::tail::Tail,
     ) -> anyhow::Result<Self> {
         let consumer = transport.input_consumer(&pipeline.group_id())?;
-        let eos = pipeline.spec.guarantee == Guarantee::ExactlyOnce;
-        let txn_id = pipeline.transactional_id(id);
-        let producer = transport.batch_producer(eos.then_some(txn_id.as_str()))?;
+        let producer = transport.batch_producer(&pipeline.transactional_id(id))?;
         producer.connect(Duration::from_secs(10))?;
         for s in pipeline.spec.state_stores() {
             transport.check_compacted(&pipeline.changelog_topic(&s))?;
@@ -178,8 +176,15 @@ impl Prepared {
 }
 
 impl KafkaIo {
-    /// Opens the clients of partition `id` (or takes the `prepared` ones); under
-    /// exactly-once, fences older producers.
+    /// Opens the clients of partition `id` (or takes the `prepared` ones) and fences older
+    /// producers of the partition, with the host's holds and faults in `steps`.
+    ///
+    /// Every session writes through a transactional producer of the partition's own id,
+    /// whatever the pipeline's guarantee: registering it makes the broker refuse the writes of
+    /// an older owner that still runs (a zombie: stopped, cut off, then back), which would
+    /// otherwise put changelog values from its diverged state after the new owner's. Under
+    /// at-least-once the input offsets are still committed after the transaction, outside
+    /// it; see [`Committer`].
     pub fn open(
         transport: Arc<KafkaTransport>,
         pipeline: Arc<PipelineRecord>,
@@ -187,14 +192,14 @@ impl KafkaIo {
         slots: Range<u32>,
         prepared: Option<Prepared>,
         audit: Option<CommitAudit>,
+        steps: Arc<crate::steps::Steps>,
     ) -> anyhow::Result<Self> {
         let eos = pipeline.spec.guarantee == Guarantee::ExactlyOnce;
         let (consumer, producer, warm, checked) = match prepared {
             Some(p) => (p.consumer, p.producer, Some(p.tail), p.checked),
             None => {
                 let consumer = transport.input_consumer(&pipeline.group_id())?;
-                let txn_id = pipeline.transactional_id(id);
-                let producer = transport.batch_producer(eos.then_some(txn_id.as_str()))?;
+                let producer = transport.batch_producer(&pipeline.transactional_id(id))?;
                 for s in pipeline.spec.state_stores() {
                     transport.check_compacted(&pipeline.changelog_topic(&s))?;
                 }
@@ -209,8 +214,8 @@ impl KafkaIo {
         // released ones, so nothing it could write is left to fence; the first commit waits
         // for the registration. Any other session (a failover, whose old owner may still be
         // alive) fences first.
-        let deferred_init = eos && warm.is_some();
-        if eos && !deferred_init {
+        let deferred_init = warm.is_some();
+        if !deferred_init {
             producer.connect(Duration::from_secs(10))?;
             producer.init_transactions()?;
         }
@@ -226,11 +231,14 @@ impl KafkaIo {
             deferred_init,
             CommitterState {
                 producer,
+                offsets_in_transaction: eos,
                 group,
                 changelogs,
                 stores: pipeline.spec.state_stores(),
                 audit,
                 seq: Default::default(),
+                steps: steps.clone(),
+                id: id.to_string(),
             },
         )?;
         let sources = Sources {
@@ -257,14 +265,8 @@ impl KafkaIo {
             fetched_at: Instant::now(),
             stalls_checked: Instant::now(),
             ends_failing: None,
-            faults: None,
+            faults: Some((steps, id.to_string())),
         })
-    }
-
-    /// With the host's faults injected as `id`'s.
-    pub fn with_faults(mut self, steps: Arc<crate::steps::Steps>, id: &str) -> Self {
-        self.faults = Some((steps, id.to_string()));
-        self
     }
 
     /// Fails the session when an input slot has had records to read and delivered none for
@@ -559,7 +561,7 @@ impl PartitionIo for KafkaIo {
 
     fn commit_start(&mut self, db: &Arc<PartitionDb>, batch: Arc<Batch>) -> anyhow::Result<()> {
         let offsets = self.offsets(&batch);
-        if !self.committer.transactional {
+        if !self.committer.offsets_in_transaction {
             self.group_offsets = Some(offsets.clone());
         }
         self.committer.start_job(Job {
@@ -647,12 +649,18 @@ struct Job {
 /// What the committer thread owns.
 struct CommitterState {
     producer: BatchProducer,
+    /// Exactly-once: the input offsets are committed in the transaction. At-least-once: by
+    /// the consumer after it, asynchronously.
+    offsets_in_transaction: bool,
     group: GroupMetadata,
     changelogs: Vec<String>,
     stores: Vec<String>,
     audit: Option<CommitAudit>,
     /// Commits of this session so far.
     seq: std::sync::atomic::AtomicU64,
+    /// The host's holds ([`crate::steps::COMMIT_SEND`]), and the partition's id.
+    steps: Arc<crate::steps::Steps>,
+    id: String,
 }
 
 /// Who commits, for the record of each commit a test asks for ([`crate::steps::COMMITS_ENV`]).
@@ -679,7 +687,9 @@ struct Committer {
     busy: bool,
     /// The result of the commit in flight, once it came.
     result: Option<anyhow::Result<()>>,
-    transactional: bool,
+    /// Whether the input offsets go in the transaction (exactly-once), or are committed by
+    /// the session's consumer once the transaction is (at-least-once).
+    offsets_in_transaction: bool,
 }
 
 impl Committer {
@@ -688,7 +698,7 @@ impl Committer {
     fn start(id: &str, init: bool, state: CommitterState) -> anyhow::Result<Self> {
         let (jobs, rx) = mpsc::sync_channel::<Job>(1);
         let (tx, done) = mpsc::sync_channel(1);
-        let transactional = state.producer.is_transactional();
+        let offsets_in_transaction = state.offsets_in_transaction;
         let thread = std::thread::Builder::new()
             .name(format!("baton-commit-{id}"))
             .spawn(move || {
@@ -719,7 +729,7 @@ impl Committer {
             thread: Some(thread),
             busy: false,
             result: None,
-            transactional,
+            offsets_in_transaction,
         })
     }
 
@@ -814,43 +824,33 @@ impl CommitterState {
     }
 
     fn commit(&self, job: &Job) -> anyhow::Result<()> {
+        self.steps.pass(crate::steps::COMMIT_SEND, &self.id);
         let batch = &job.batch;
-        let written = if self.producer.is_transactional() {
-            self.producer.begin()?;
-            let result = self
-                .send_batch(batch)
-                .and_then(|()| self.send_audit(job))
-                .and_then(|()| {
-                    let t0 = Instant::now();
-                    let written = self.producer.flush()?;
-                    let t1 = Instant::now();
-                    self.producer.commit(&job.offsets, &self.group)?;
-                    tracing::debug!(
-                        flush_us = (t1 - t0).as_micros() as u64,
-                        commit_us = t1.elapsed().as_micros() as u64,
-                        "transaction committed"
-                    );
-                    Ok(written)
-                });
-            match result {
-                Ok(w) => w,
-                Err(e) => {
-                    self.producer.abort();
-                    return Err(e);
-                }
+        self.producer.begin()?;
+        let result = self
+            .send_batch(batch)
+            .and_then(|()| self.send_audit(job))
+            .and_then(|()| {
+                let t0 = Instant::now();
+                let written = self.producer.flush()?;
+                let t1 = Instant::now();
+                let offsets = self
+                    .offsets_in_transaction
+                    .then_some((job.offsets.as_slice(), &self.group));
+                self.producer.commit(offsets)?;
+                tracing::debug!(
+                    flush_us = (t1 - t0).as_micros() as u64,
+                    commit_us = t1.elapsed().as_micros() as u64,
+                    "transaction committed"
+                );
+                Ok(written)
+            });
+        let written = match result {
+            Ok(w) => w,
+            Err(e) => {
+                self.producer.abort();
+                return Err(e);
             }
-        } else {
-            let t0 = Instant::now();
-            self.send_batch(batch)?;
-            self.send_audit(job)?;
-            let t1 = Instant::now();
-            let written = self.producer.flush()?;
-            tracing::debug!(
-                send_us = (t1 - t0).as_micros() as u64,
-                flush_us = t1.elapsed().as_micros() as u64,
-                "batch flushed"
-            );
-            written
         };
         // Committed in Kafka: now RocksDB, with the input and changelog offsets.
         let mut meta = Vec::with_capacity(job.offsets.len() + written.len());

@@ -412,17 +412,15 @@ impl Baton {
                             session: crate::control::now_ms(),
                             ..a
                         });
-                        Ok(Box::new(
-                            KafkaIo::open(
-                                k.clone(),
-                                pipeline.clone(),
-                                &id,
-                                slots.clone(),
-                                prepared.lock().take(),
-                                audit,
-                            )?
-                            .with_faults(steps.clone(), &id),
-                        ) as Box<dyn PartitionIo>)
+                        Ok(Box::new(KafkaIo::open(
+                            k.clone(),
+                            pipeline.clone(),
+                            &id,
+                            slots.clone(),
+                            prepared.lock().take(),
+                            audit,
+                            steps.clone(),
+                        )?) as Box<dyn PartitionIo>)
                     })
                 }
                 (None, None) => anyhow::bail!("no transport"),

@@ -833,11 +833,8 @@ impl KafkaTransport {
     }
 
     /// A producer for a partition: transactional with `transactional_id`, else idempotent.
-    pub fn batch_producer(
-        &self,
-        transactional_id: Option<&str>,
-    ) -> Result<BatchProducer, TransportError> {
-        let mut defaults = vec![
+    pub fn batch_producer(&self, transactional_id: &str) -> Result<BatchProducer, TransportError> {
+        let defaults = vec![
             ("enable.idempotence", "true"),
             ("acks", "all"),
             ("linger.ms", "1"),
@@ -845,11 +842,9 @@ impl KafkaTransport {
             // markers are written; retry quickly instead of librdkafka's 100 ms default.
             ("retry.backoff.ms", "1"),
             ("retry.backoff.max.ms", "10"),
+            ("transactional.id", transactional_id),
+            ("transaction.timeout.ms", "60000"),
         ];
-        if let Some(id) = transactional_id {
-            defaults.push(("transactional.id", id));
-            defaults.push(("transaction.timeout.ms", "60000"));
-        }
         let ctx = OffsetContext::default();
         // Threaded: a background thread serves delivery reports as they arrive, so a flush
         // wakes on the last acknowledgement instead of polling.
@@ -858,10 +853,7 @@ impl KafkaTransport {
             .client(&defaults)
             .create_with_context(ctx)
             .map_err(|e| kerr("producer", e))?;
-        Ok(BatchProducer {
-            producer,
-            transactional: transactional_id.is_some(),
-        })
+        Ok(BatchProducer { producer })
     }
 }
 
@@ -1614,21 +1606,19 @@ impl ProducerContext for OffsetContext {
     }
 }
 
-/// The producer of a partition: sends a batch's records, reports the offsets they got, and
-/// wraps them in a transaction when it is transactional.
+/// Input offsets to commit: (topic, partition, the next offset to read).
+pub type NextOffsets = [(String, u32, u64)];
+
+/// The producer of a partition: sends a batch's records in a transaction and reports the
+/// offsets they got. It is transactional under every guarantee: its registration fences the
+/// producers of older owners of the partition.
 pub struct BatchProducer {
     producer: ThreadedProducer<OffsetContext>,
-    transactional: bool,
 }
 
 const TXN_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl BatchProducer {
-    /// True for a transactional producer.
-    pub fn is_transactional(&self) -> bool {
-        self.transactional
-    }
-
     /// Registers the transactional id with the coordinator, fencing any older producer with
     /// the same id and aborting its open transaction.
     pub fn init_transactions(&self) -> Result<(), TransportError> {
@@ -1731,21 +1721,23 @@ impl BatchProducer {
         Ok(offsets)
     }
 
-    /// Adds the consumer's offsets to the transaction and commits it.
+    /// Commits the transaction, with the input `offsets` of `group` in it when given
+    /// (exactly-once).
     pub fn commit(
         &self,
-        offsets: &[(String, u32, u64)],
-        group: &GroupMetadata,
+        offsets: Option<(&NextOffsets, &GroupMetadata)>,
     ) -> Result<(), TransportError> {
-        let tpl = offsets_tpl(offsets)?;
-        let t0 = Instant::now();
-        self.producer
-            .send_offsets_to_transaction(&tpl, &group.0, TXN_TIMEOUT)
-            .map_err(|e| kerr("send offsets to transaction", e))?;
-        tracing::trace!(
-            us = t0.elapsed().as_micros() as u64,
-            "offsets sent to the transaction"
-        );
+        if let Some((offsets, group)) = offsets {
+            let tpl = offsets_tpl(offsets)?;
+            let t0 = Instant::now();
+            self.producer
+                .send_offsets_to_transaction(&tpl, &group.0, TXN_TIMEOUT)
+                .map_err(|e| kerr("send offsets to transaction", e))?;
+            tracing::trace!(
+                us = t0.elapsed().as_micros() as u64,
+                "offsets sent to the transaction"
+            );
+        }
         self.producer
             .commit_transaction(TXN_TIMEOUT)
             .map_err(|e| kerr("commit transaction", e))
