@@ -12,7 +12,6 @@ use parking_lot::{Mutex, RwLock};
 use crate::control::log::{CONTROL_REPLAY_STALL, replay_control, snapshot_topic, write_snapshot};
 use crate::control::{Catalog, PipelineRecord, now_ms};
 use crate::error::{Error, Result};
-use crate::http::model::{ProduceRecord, Produced};
 pub use crate::partition::supervisor::PartitionHandle;
 use crate::partition::{EventLog, ModuleTarget, ReplayPlan, TaskConfig};
 use crate::query::{LocalResolver, OwnerResolver};
@@ -527,4 +526,26 @@ impl Drop for Baton {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// One record to produce.
+#[derive(Debug, Clone)]
+pub struct ProduceRecord {
+    /// Key; `None` spreads records over slots round-robin.
+    pub key: Option<Vec<u8>>,
+    /// Value; `None` is a tombstone.
+    pub value: Option<Vec<u8>>,
+    /// Headers.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// Timestamp; `None` is now.
+    pub timestamp: Option<i64>,
+}
+
+/// Where a produced record landed.
+#[derive(Debug, Clone, Copy, serde::Serialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct Produced {
+    /// Slot (partition of the topic).
+    pub slot: u32,
+    /// Offset in it.
+    pub offset: u64,
 }

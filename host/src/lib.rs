@@ -35,3 +35,6 @@ pub use app::{Baton, HostConfig};
 #[cfg(test)]
 #[global_allocator]
 static TEST_ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+#[cfg(test)]
+mod layers;

@@ -12,3 +12,14 @@ pub struct Record {
     /// Milliseconds since the Unix epoch.
     pub timestamp: i64,
 }
+
+/// A record a guest sent to an output topic during the batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output {
+    /// Destination topic.
+    pub topic: String,
+    /// Destination partition.
+    pub partition: u32,
+    /// The record.
+    pub record: Record,
+}

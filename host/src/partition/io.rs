@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use super::input_offset_key;
 use crate::control::PipelineRecord;
-use crate::runtime::Output;
+use crate::record::Output;
 use crate::state::{PartitionDb, Writes};
 use crate::transport::embedded::{Appended, EmbeddedLog, decode_record, encode_record};
 use crate::transport::{LogRecord, Record};

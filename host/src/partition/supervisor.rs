@@ -14,8 +14,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::control::PipelineRecord;
-use crate::http::model::{PartitionInfo, PartitionState, Role};
 use crate::partition::kafka::{CommitAudit, KafkaIo};
+use crate::partition::report::{PartitionInfo, PartitionState, ReplicaInfo, Role};
 use crate::partition::{
     Command, EmbeddedIo, EventLog, Inbox, IoFactory, ModuleTarget, PartitionIo, PartitionStatus,
     PartitionTask, Phase, ReplayPlan, RollbackHook, Settings, SlotProgress,
@@ -555,7 +555,7 @@ impl Baton {
             table.insert(a.partition.clone(), row);
         }
         // Copies of the state on other hosts than the owner, and the moves.
-        let mut replicas: Vec<(String, crate::http::model::ReplicaInfo)> = self.local_replicas();
+        let mut replicas: Vec<(String, ReplicaInfo)> = self.local_replicas();
         for (host, rows) in &reported {
             if *host == self.host_id {
                 continue;
@@ -563,7 +563,7 @@ impl Baton {
             for r in rows.iter().filter(|r| r.role != Role::Active) {
                 replicas.push((
                     r.id.clone(),
-                    crate::http::model::ReplicaInfo {
+                    ReplicaInfo {
                         host: host.clone(),
                         role: r.role,
                         lag: r.lag,

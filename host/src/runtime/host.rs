@@ -247,16 +247,7 @@ pub struct StoreHandle {
     store: usize,
 }
 
-/// A record a guest sent to an output topic during the batch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Output {
-    /// Destination topic.
-    pub topic: String,
-    /// Destination partition.
-    pub partition: u32,
-    /// The record.
-    pub record: Record,
-}
+pub use crate::record::Output;
 
 /// Where the record being processed came from, for logs and dead letters.
 #[derive(Debug, Clone, Default)]
