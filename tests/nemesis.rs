@@ -466,64 +466,12 @@ async fn run_in(nemesis: Nemesis, seed: u64, root: &Path) -> Result<Outcome> {
     api.wait_caught_up("up", total, Duration::from_secs(120))
         .await?;
 
-    // Counts.
-    let (mut lost, mut duplicated) = (0u64, 0u64);
-    let want = count(sent.iter().map(|(k, _)| k.as_str()));
-    for (k, n) in &want {
-        let got = api.counter("wc", "counts", k).await?.unwrap_or(0);
-        if got < *n {
-            lost += (*n - got) as u64;
-        } else {
-            duplicated += (got - *n) as u64;
-        }
-    }
-    // Outputs, exactly once.
-    let mut outputs: BTreeMap<(String, String), i64> = BTreeMap::new();
-    for (k, v) in &sent {
-        *outputs.entry((k.clone(), v.to_uppercase())).or_default() += 1;
-    }
-    for kv in crate::read_committed(&output, 2)? {
-        *outputs.entry(kv).or_default() -= 1;
-    }
-    for n in outputs.values() {
-        if *n > 0 {
-            lost += *n as u64;
-        } else {
-            duplicated += n.unsigned_abs();
-        }
-    }
-    // One writer per partition and epoch.
-    let mut writers: BTreeMap<(String, u64), BTreeSet<String>> = BTreeMap::new();
-    let mut times: BTreeMap<String, Vec<i64>> = BTreeMap::new();
-    for (_, _, v) in crate::read_committed_raw(&commits, 1)? {
-        let v: Value = serde_json::from_slice(&v.unwrap_or_default())?;
-        times
-            .entry(v["partition"].as_str().unwrap_or_default().to_string())
-            .or_default()
-            .push(v["at"].as_i64().unwrap_or_default());
-        writers
-            .entry((
-                v["partition"].as_str().unwrap_or_default().to_string(),
-                v["epoch"].as_u64().unwrap_or_default(),
-            ))
-            .or_default()
-            .insert(v["host"].as_str().unwrap_or_default().to_string());
-    }
-    if writers.is_empty() {
-        bail!("no commit was recorded in {commits}");
-    }
-    let mut max_gap_ms = 0f64;
-    for t in times.values_mut() {
-        t.sort_unstable();
-        for w in t.windows(2) {
-            max_gap_ms = max_gap_ms.max((w[1] - w[0]) as f64);
-        }
-    }
-    let two_writers = writers
-        .iter()
-        .filter(|(_, hosts)| hosts.len() > 1)
-        .map(|((p, e), hosts)| format!("{p} at epoch {e}: {hosts:?}"))
-        .collect();
+    let Verdict {
+        lost,
+        duplicated,
+        two_writers,
+        max_gap_ms,
+    } = verdict(&api, &sent, &output, &commits).await?;
     let (mut max_pause_ms, mut moves) = (None::<f64>, Vec::new());
     for p in ["wc-0", "up-0"] {
         for m in row(&api, p).await?["moves"]
@@ -558,6 +506,88 @@ async fn run_in(nemesis: Nemesis, seed: u64, root: &Path) -> Result<Outcome> {
         max_pause_ms,
         open_txn,
         moves,
+    })
+}
+
+/// What the checker found of everything `sent`.
+struct Verdict {
+    lost: u64,
+    duplicated: u64,
+    two_writers: Vec<String>,
+    max_gap_ms: f64,
+}
+
+/// Checks word count's counts and uppercase's outputs (`output`) against what was `sent`, and
+/// the commit records of `commits` for two writers at one epoch and the longest gap.
+async fn verdict(
+    api: &Api,
+    sent: &[(String, String)],
+    output: &str,
+    commits: &str,
+) -> Result<Verdict> {
+    // Counts.
+    let (mut lost, mut duplicated) = (0u64, 0u64);
+    let want = count(sent.iter().map(|(k, _)| k.as_str()));
+    for (k, n) in &want {
+        let got = api.counter("wc", "counts", k).await?.unwrap_or(0);
+        if got < *n {
+            lost += (*n - got) as u64;
+        } else {
+            duplicated += (got - *n) as u64;
+        }
+    }
+    // Outputs, exactly once.
+    let mut outputs: BTreeMap<(String, String), i64> = BTreeMap::new();
+    for (k, v) in sent {
+        *outputs.entry((k.clone(), v.to_uppercase())).or_default() += 1;
+    }
+    for kv in crate::read_committed(output, 2)? {
+        *outputs.entry(kv).or_default() -= 1;
+    }
+    for n in outputs.values() {
+        if *n > 0 {
+            lost += *n as u64;
+        } else {
+            duplicated += n.unsigned_abs();
+        }
+    }
+    // One writer per partition and epoch.
+    let mut writers: BTreeMap<(String, u64), BTreeSet<String>> = BTreeMap::new();
+    let mut times: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for (_, _, v) in crate::read_committed_raw(commits, 1)? {
+        let v: Value = serde_json::from_slice(&v.unwrap_or_default())?;
+        times
+            .entry(v["partition"].as_str().unwrap_or_default().to_string())
+            .or_default()
+            .push(v["at"].as_i64().unwrap_or_default());
+        writers
+            .entry((
+                v["partition"].as_str().unwrap_or_default().to_string(),
+                v["epoch"].as_u64().unwrap_or_default(),
+            ))
+            .or_default()
+            .insert(v["host"].as_str().unwrap_or_default().to_string());
+    }
+    if writers.is_empty() {
+        bail!("no commit was recorded in {commits}");
+    }
+    let mut max_gap_ms = 0f64;
+    for t in times.values_mut() {
+        t.sort_unstable();
+        for w in t.windows(2) {
+            max_gap_ms = max_gap_ms.max((w[1] - w[0]) as f64);
+        }
+    }
+    let two_writers = writers
+        .iter()
+        .filter(|(_, hosts)| hosts.len() > 1)
+        .map(|((p, e), hosts)| format!("{p} at epoch {e}: {hosts:?}"))
+        .collect();
+    Ok(Verdict {
+        lost,
+        duplicated,
+        two_writers,
+        max_gap_ms,
     })
 }
 
@@ -596,4 +626,251 @@ pub fn table(outcomes: &[Outcome]) -> String {
         ));
     }
     out
+}
+
+/// What a churn run found ([`churn`]).
+#[derive(Debug, Clone)]
+pub struct Churn {
+    /// Moves asked for, and those refused at once (with the answer).
+    pub requested: usize,
+    /// Requests refused, each with its answer.
+    pub refused: Vec<String>,
+    /// Moves done.
+    pub done: usize,
+    /// Moves abandoned because a host they involved left, restarted, was failed over or did not
+    /// answer, or because they timed out.
+    pub abandoned_for_a_host: usize,
+    /// Moves abandoned for any other reason: races, each with its reason.
+    pub abandoned_otherwise: Vec<String>,
+    /// The pauses of the moves done, ms, sorted.
+    pub pauses_ms: Vec<f64>,
+    /// Records sent.
+    pub records: usize,
+    /// The checker's findings, as in [`Outcome`].
+    pub lost: u64,
+    /// Counts past what was sent, plus outputs written twice.
+    pub duplicated: u64,
+    /// Partitions committed by two hosts at one epoch.
+    pub two_writers: Vec<String>,
+}
+
+impl Churn {
+    /// The pause at quantile `q` of the moves done, ms.
+    pub fn pause(&self, q: f64) -> Option<f64> {
+        let n = self.pauses_ms.len();
+        (n > 0).then(|| self.pauses_ms[((n as f64 * q).ceil() as usize).clamp(1, n) - 1])
+    }
+
+    /// Whether nothing was lost or doubled and no two hosts wrote one epoch.
+    pub fn passed(&self) -> bool {
+        self.lost == 0 && self.duplicated == 0 && self.two_writers.is_empty()
+    }
+}
+
+/// Churn: three hosts run word count and uppercase in two partitions each (4 partitions)
+/// under exactly-once while records keep coming; `moves` moves are asked for 0.7 s apart, each
+/// of a random partition to a random other host, and halfway one host is killed (`kill -9`)
+/// and started again 3 s later. Every move's end is collected as it happens; the checker then
+/// asks what [`run`]'s does.
+pub async fn churn(moves: usize, seed: u64) -> Result<Churn> {
+    let root = tempfile::tempdir()?;
+    let result = churn_in(moves, seed, root.path()).await;
+    if !result.as_ref().is_ok_and(Churn::passed) {
+        let kept = root.keep();
+        eprintln!(
+            "churn (seed {seed}): the hosts' data dirs and logs are kept in {}",
+            kept.display()
+        );
+        return result.with_context(|| format!("the hosts' logs are in {}", kept.display()));
+    }
+    result
+}
+
+const CHURNED: [&str; 4] = ["wc-0", "wc-1", "up-0", "up-1"];
+
+/// Every move of the churned partitions `api` shows, by id, over what `seen` had.
+async fn collect_moves(api: &Api, seen: &mut BTreeMap<String, Value>) -> Result<()> {
+    for p in api.partitions().await? {
+        if !CHURNED.contains(&p["id"].as_str().unwrap_or_default()) {
+            continue;
+        }
+        for m in p["moves"].as_array().into_iter().flatten() {
+            if let Some(id) = m["id"].as_str() {
+                seen.insert(id.to_string(), m.clone());
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn churn_in(moves: usize, seed: u64, root: &Path) -> Result<Churn> {
+    let mut rng = Rng::new(seed);
+    let commits = unique("churn-commits");
+    {
+        use baton::transport::Transport;
+        let t = baton::transport::kafka::KafkaTransport::connect(
+            baton::transport::kafka::KafkaConfig::new(kafka_bootstrap()),
+        )?;
+        t.ensure_topic(&commits, 1, baton::transport::TopicKind::Data)?;
+    }
+    let hosts = ["a", "b", "c"];
+    let mut c = Cluster {
+        cluster: crate::cluster_name(root),
+        members: hosts
+            .into_iter()
+            .map(|id| Member {
+                id,
+                dir: root.join(id),
+                host: None,
+            })
+            .collect(),
+        steps: String::new(),
+        commits: commits.clone(),
+    };
+    for i in 0..3 {
+        c.start(i).await?;
+    }
+    let api = c.api()?;
+    crate::wait_alive(&api, 3).await?;
+    let (input, output) = (unique("churn-in"), unique("churn-out"));
+    api.upload_plugin("word-count", "word-count", "1").await?;
+    api.upload_plugin("uppercase", "uppercase", "1").await?;
+    api.create_pipeline(json!({
+        "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
+        "stores": ["counts"], "slots": 2, "partitions": 2, "guarantee": "exactly-once"
+    }))
+    .await?;
+    api.create_pipeline(json!({
+        "name": "up", "module": "uppercase", "version": "1", "inputs": [input],
+        "outputs": [output], "config": {"output": output}, "slots": 2, "partitions": 2,
+        "guarantee": "exactly-once"
+    }))
+    .await?;
+    for p in CHURNED {
+        wait_for(&format!("{p} running"), Duration::from_secs(60), || async {
+            let r = row(&api, p).await?;
+            Ok((r["state"] == "running").then_some(()))
+        })
+        .await?;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let producer = produce_until(input.clone(), stop.clone(), sent.clone(), seed);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let mut seen = BTreeMap::new();
+    let (mut requested, mut refused) = (0, Vec::new());
+    let victim = rng.pick(&[0usize, 1, 2]);
+    let mut killed_at = None;
+    for i in 0..moves {
+        if i == moves / 2 {
+            if let Some(h) = c.members[victim].host.take() {
+                h.kill9()?;
+            }
+            killed_at = Some(Instant::now());
+        }
+        if killed_at.is_some_and(|t| t.elapsed() >= Duration::from_secs(3))
+            && c.members[victim].host.is_none()
+        {
+            c.start(victim).await?;
+        }
+        let api = c.api()?;
+        let p = rng.pick(&CHURNED);
+        let owner = row(&api, p).await?["owner"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let to = rng.pick(
+            &hosts
+                .into_iter()
+                .filter(|h| *h != owner)
+                .collect::<Vec<_>>(),
+        );
+        requested += 1;
+        if let Err(e) = request_move(&api, p, to).await {
+            refused.push(format!("{e:#}"));
+        }
+        let next = Instant::now() + Duration::from_millis(700);
+        while Instant::now() < next {
+            collect_moves(&api, &mut seen).await?;
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+    }
+    if c.members[victim].host.is_none() {
+        c.start(victim).await?;
+    }
+    let api = c.api()?;
+    crate::wait_alive(&api, 3).await?;
+    wait_for("the moves ended", Duration::from_secs(120), || async {
+        let mut now = BTreeMap::new();
+        collect_moves(&api, &mut now).await?;
+        let mut ended = true;
+        for p in CHURNED {
+            ended &= row(&api, p).await?["state"] == "running";
+        }
+        ended &= now
+            .values()
+            .all(|m| matches!(m["phase"].as_str(), Some("done" | "abandoned")));
+        Ok(ended.then_some(()))
+    })
+    .await?;
+    collect_moves(&api, &mut seen).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    producer.await??;
+    let sent = sent.lock().unwrap().clone();
+    let total = sent.len() as u64;
+    api.wait_caught_up("wc", total, Duration::from_secs(120))
+        .await?;
+    api.wait_caught_up("up", total, Duration::from_secs(120))
+        .await?;
+    let v = verdict(&api, &sent, &output, &commits).await?;
+    let (mut done, mut for_a_host, mut otherwise, mut pauses) = (0, 0, Vec::new(), Vec::new());
+    for m in seen.values() {
+        match m["phase"].as_str() {
+            Some("done") => {
+                done += 1;
+                if let Some(ms) = m["pause_ms"].as_f64() {
+                    pauses.push(ms);
+                }
+            }
+            Some("abandoned") => {
+                let reason = m["reason"].as_str().unwrap_or_default();
+                if [
+                    "left the cluster",
+                    "restarted",
+                    "failed over",
+                    "did not answer",
+                    "timed out",
+                    "time out",
+                ]
+                .iter()
+                .any(|w| reason.contains(w))
+                {
+                    for_a_host += 1;
+                } else {
+                    otherwise.push(format!(
+                        "{}→{}: {reason}",
+                        m["from"].as_str().unwrap_or("?"),
+                        m["to"].as_str().unwrap_or("?")
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    pauses.sort_by(f64::total_cmp);
+    drop(c);
+    Ok(Churn {
+        requested,
+        refused,
+        done,
+        abandoned_for_a_host: for_a_host,
+        abandoned_otherwise: otherwise,
+        pauses_ms: pauses,
+        records: sent.len(),
+        lost: v.lost,
+        duplicated: v.duplicated,
+        two_writers: v.two_writers,
+    })
 }

@@ -2,7 +2,9 @@
 //! `--runs N` times (6 by default, one per scenario) over the scenarios in turn, with fault
 //! times drawn from `--seed S` (printed; the current time by default). Prints each run, then a
 //! table: scenario, runs, records, lost, duplicated, two writers, max pause, max open
-//! transaction, pass. Exits non-zero when a check did not hold.
+//! transaction, pass. Exits non-zero when a check did not hold. `--churn N` instead asks for N
+//! moves 0.7 s apart over four partitions of three hosts, one host killed halfway
+//! (`baton_tests::nemesis::churn`), and prints how the moves ended and their pauses.
 
 use baton_tests::nemesis::{self, Nemesis, Rng};
 
@@ -23,6 +25,37 @@ async fn main() -> anyhow::Result<()> {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1)
     });
+    if let Some(moves) = arg("--churn") {
+        println!("churn: {moves} moves, seed {seed}");
+        let c = nemesis::churn(moves as usize, seed).await?;
+        let ms = |p: Option<f64>| p.map_or("-".into(), |p| format!("{p:.1}"));
+        println!(
+            "\n| moves asked | refused | done | abandoned (a host left, restarted or timed out) | abandoned otherwise | pause p50 ms | pause p99 ms | pause max ms | records | lost | duplicated | two writers | pass |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            c.requested,
+            c.refused.len(),
+            c.done,
+            c.abandoned_for_a_host,
+            c.abandoned_otherwise.len(),
+            ms(c.pause(0.5)),
+            ms(c.pause(0.99)),
+            ms(c.pause(1.0)),
+            c.records,
+            c.lost,
+            c.duplicated,
+            c.two_writers.len(),
+            if c.passed() { "yes" } else { "NO" }
+        );
+        for r in &c.refused {
+            println!("refused: {r}");
+        }
+        for r in &c.abandoned_otherwise {
+            println!("abandoned otherwise: {r}");
+        }
+        if !c.passed() {
+            std::process::exit(1);
+        }
+        return Ok(());
+    }
     println!("faults: {runs} runs, seed {seed}");
     let mut seeds = Rng::new(seed);
     let mut outcomes = Vec::new();
