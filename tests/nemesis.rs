@@ -638,12 +638,14 @@ pub struct Churn {
     /// Moves done.
     pub done: usize,
     /// Moves abandoned because a host they involved left, restarted, was failed over or did not
-    /// answer, or because they timed out.
-    pub abandoned_for_a_host: usize,
+    /// answer (or drain), or because they timed out: each with its reason.
+    pub abandoned_for_a_host: Vec<String>,
     /// Moves abandoned for any other reason: races, each with its reason.
     pub abandoned_otherwise: Vec<String>,
     /// The pauses of the moves done, ms, sorted.
     pub pauses_ms: Vec<f64>,
+    /// The moves done with a pause over 100 ms, with their steps.
+    pub slow: Vec<String>,
     /// Records sent.
     pub records: usize,
     /// The checker's findings, as in [`Outcome`].
@@ -825,35 +827,49 @@ async fn churn_in(moves: usize, seed: u64, root: &Path) -> Result<Churn> {
     api.wait_caught_up("up", total, Duration::from_secs(120))
         .await?;
     let v = verdict(&api, &sent, &output, &commits).await?;
-    let (mut done, mut for_a_host, mut otherwise, mut pauses) = (0, 0, Vec::new(), Vec::new());
+    let (mut done, mut for_a_host, mut otherwise, mut pauses) =
+        (0, Vec::new(), Vec::new(), Vec::new());
+    let mut slow = Vec::new();
     for m in seen.values() {
         match m["phase"].as_str() {
             Some("done") => {
                 done += 1;
                 if let Some(ms) = m["pause_ms"].as_f64() {
                     pauses.push(ms);
+                    if ms > 100.0 {
+                        slow.push(format!(
+                            "{} {}→{}: {ms:.1} ms, steps {}",
+                            m["partition"].as_str().unwrap_or("?"),
+                            m["from"].as_str().unwrap_or("?"),
+                            m["to"].as_str().unwrap_or("?"),
+                            m["steps"]
+                        ));
+                    }
                 }
             }
             Some("abandoned") => {
                 let reason = m["reason"].as_str().unwrap_or_default();
+                let what = format!(
+                    "{} {}→{}: {reason}",
+                    m["partition"].as_str().unwrap_or("?"),
+                    m["from"].as_str().unwrap_or("?"),
+                    m["to"].as_str().unwrap_or("?")
+                );
                 if [
                     "left the cluster",
                     "restarted",
                     "failed over",
                     "did not answer",
+                    "did not drain",
                     "timed out",
                     "time out",
                 ]
                 .iter()
                 .any(|w| reason.contains(w))
                 {
-                    for_a_host += 1;
+                    for_a_host.push(what);
                 } else {
-                    otherwise.push(format!(
-                        "{}→{}: {reason}",
-                        m["from"].as_str().unwrap_or("?"),
-                        m["to"].as_str().unwrap_or("?")
-                    ));
+                    otherwise.push(what);
                 }
             }
             _ => {}
@@ -868,6 +884,7 @@ async fn churn_in(moves: usize, seed: u64, root: &Path) -> Result<Churn> {
         abandoned_for_a_host: for_a_host,
         abandoned_otherwise: otherwise,
         pauses_ms: pauses,
+        slow,
         records: sent.len(),
         lost: v.lost,
         duplicated: v.duplicated,

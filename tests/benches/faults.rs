@@ -30,11 +30,11 @@ async fn main() -> anyhow::Result<()> {
         let c = nemesis::churn(moves as usize, seed).await?;
         let ms = |p: Option<f64>| p.map_or("-".into(), |p| format!("{p:.1}"));
         println!(
-            "\n| moves asked | refused | done | abandoned (a host left, restarted or timed out) | abandoned otherwise | pause p50 ms | pause p99 ms | pause max ms | records | lost | duplicated | two writers | pass |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "\n| moves asked | refused | done | abandoned for a host (left, restarted, did not drain) or a timeout | abandoned otherwise | pause p50 ms | pause p99 ms | pause max ms | records | lost | duplicated | two writers | pass |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             c.requested,
             c.refused.len(),
             c.done,
-            c.abandoned_for_a_host,
+            c.abandoned_for_a_host.len(),
             c.abandoned_otherwise.len(),
             ms(c.pause(0.5)),
             ms(c.pause(0.99)),
@@ -47,6 +47,12 @@ async fn main() -> anyhow::Result<()> {
         );
         for r in &c.refused {
             println!("refused: {r}");
+        }
+        for r in &c.slow {
+            println!("slow: {r}");
+        }
+        for r in &c.abandoned_for_a_host {
+            println!("abandoned for a host: {r}");
         }
         for r in &c.abandoned_otherwise {
             println!("abandoned otherwise: {r}");

@@ -580,6 +580,13 @@ impl Baton {
             .find(|h| h.id == m.from && h.alive)
             .map(|h| h.address)
             .ok_or_else(|| format!("the owner `{}` left the cluster", m.from))?;
+        if owner_url.is_empty() {
+            // A host that just joined (or restarted) has not reported its address yet.
+            return Err(format!(
+                "the owner `{}` joined or restarted and has not reported its address yet",
+                m.from
+            ));
+        }
         let drained: Drained = post_json(
             &owner_url,
             &format!("/api/v1/partitions/{}/drain", m.partition),
@@ -1314,7 +1321,16 @@ fn post_json<B: Serialize, T: serde::de::DeserializeOwned>(
         if let Some(t) = token {
             req = req.bearer_auth(t);
         }
-        let r = req.send().await.map_err(|e| e.to_string())?;
+        // reqwest's message alone is a word ("builder error"): its causes name the problem.
+        let r = req.send().await.map_err(|e| {
+            let mut msg = e.to_string();
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                msg.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            msg
+        })?;
         let status = r.status();
         if status.is_success() {
             r.json::<T>().await.map_err(|e| e.to_string())
