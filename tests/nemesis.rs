@@ -858,6 +858,7 @@ async fn churn_in(moves: usize, seed: u64, root: &Path) -> Result<Churn> {
                 if [
                     "left the cluster",
                     "restarted",
+                    "reported no address",
                     "failed over",
                     "did not answer",
                     "did not drain",

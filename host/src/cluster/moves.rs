@@ -64,6 +64,10 @@ pub const DRAINED_HOLD: Duration = Duration::from_secs(20);
 /// without a pause.
 const FIRST_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a move's target waits to learn its owner's address (from the owner's load reports,
+/// once a second) before it gives the move up.
+const ADDRESS_WAIT: Duration = Duration::from_secs(5);
+
 /// How long a target waits, after the owner's release, for the released changelog ends to
 /// become readable (the owner's last transaction complete) and for the group's offsets to be
 /// the released ones, before it gives the move up.
@@ -574,19 +578,28 @@ impl Baton {
 
         // Handoff: the owner stops at a batch boundary and commits.
         self.record_move(m, MovePhase::Handoff, None, None);
-        let owner_url = self
-            .hosts()
-            .into_iter()
-            .find(|h| h.id == m.from && h.alive)
-            .map(|h| h.address)
-            .ok_or_else(|| format!("the owner `{}` left the cluster", m.from))?;
-        if owner_url.is_empty() {
-            // A host that just joined (or restarted) has not reported its address yet.
-            return Err(format!(
-                "the owner `{}` joined or restarted and has not reported its address yet",
-                m.from
-            ));
-        }
+        // A host that just joined (this one, after a restart, or the owner) knows another's
+        // address once it has read that host's next load report (one a second): wait for it.
+        let known_by = Instant::now() + ADDRESS_WAIT;
+        let owner_url = loop {
+            let url = self
+                .hosts()
+                .into_iter()
+                .find(|h| h.id == m.from && h.alive)
+                .map(|h| h.address)
+                .ok_or_else(|| format!("the owner `{}` left the cluster", m.from))?;
+            if !url.is_empty() {
+                break url;
+            }
+            if Instant::now() > known_by {
+                return Err(format!(
+                    "the owner `{}` reported no address within {}s (it or this host just joined)",
+                    m.from,
+                    ADDRESS_WAIT.as_secs()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
         let drained: Drained = post_json(
             &owner_url,
             &format!("/api/v1/partitions/{}/drain", m.partition),
@@ -629,7 +642,7 @@ impl Baton {
 
         // Before the take-over: the owner's last transaction is complete, and this replica
         // holds exactly what the owner released.
-        check_release(&release, &record, &mut prepared, &replica, &db)?;
+        check_release(&release, &record, &mut prepared, &replica, &db, &mut marks)?;
         marks.push(("checked", Instant::now()));
 
         // Take over, at the next epoch.
@@ -1156,6 +1169,7 @@ fn check_release(
     prepared: &mut Prepared,
     replica: &Replica,
     db: &crate::state::PartitionDb,
+    marks: &mut Vec<(&'static str, Instant)>,
 ) -> std::result::Result<(), String> {
     let deadline = Instant::now() + RELEASE_SETTLE;
     let tail = prepared.tail();
@@ -1188,6 +1202,7 @@ fn check_release(
         }
         std::thread::sleep(Duration::from_millis(1));
     }
+    marks.push(("stable", Instant::now()));
     while !tail.caught_up() {
         replica.poll(tail, db, Duration::from_millis(2))?;
         if Instant::now() > deadline {
@@ -1197,6 +1212,7 @@ fn check_release(
             ));
         }
     }
+    marks.push(("caught-up", Instant::now()));
     for c in &r.changelogs {
         let topic = pipeline.changelog_topic(&c.store);
         let key = crate::partition::changelog_offset_key(&c.store, c.slot);

@@ -178,8 +178,11 @@ pub struct MoveRecord {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MoveStep {
-    /// What ended: `answered` (the owner's drain answer, with its release, arrived), `checked`
-    /// (the release checked and the final changelog records applied), `assigned` (the new
+    /// What ended: `answered` (the owner's drain answer, with its release, arrived), `stable`
+    /// (the changelogs' last stable offsets reached the released ends: the owner's last
+    /// transaction is complete), `caught-up` (the final changelog records applied), `checked`
+    /// (the replica's positions and the group's offsets found equal to the released ones;
+    /// earlier hosts recorded the three as one `checked`), `assigned` (the new
     /// owner recorded), `read-back` (that read back from the control log), `started` (its loop
     /// started), `session`, `instance`, `clients` (producer fenced the old one, consumer open),
     /// `restore`, `positions`, `first-call`.
