@@ -21,3 +21,26 @@ async fn a_move_struck_at_a_random_step_loses_and_doubles_nothing() -> anyhow::R
     assert!(o.passed(), "a transaction stayed open: {o:?}");
     Ok(())
 }
+
+/// The short version of `bench/faults --churn`: 12 moves 0.7 s apart over four partitions of
+/// three hosts under load, one host killed halfway. Nothing lost or doubled, no two writers at
+/// one epoch, and no move given up but for a host that left, restarted or did not answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moves_under_churn_lose_and_double_nothing_and_give_up_only_for_a_host()
+-> anyhow::Result<()> {
+    let _k = baton_tests::kafka_lock().await;
+    let seed = baton_tests::test_seed("churn");
+    eprintln!("churn with seed {seed}");
+    let c = nemesis::churn(12, seed).await?;
+    eprintln!("{c:?}");
+    assert_eq!(c.lost, 0, "{c:?}");
+    assert_eq!(c.duplicated, 0, "{c:?}");
+    assert!(c.two_writers.is_empty(), "{c:?}");
+    assert!(
+        c.abandoned_otherwise.is_empty(),
+        "moves given up for a race: {:?}",
+        c.abandoned_otherwise
+    );
+    assert!(c.done > 0, "no move was done: {c:?}");
+    Ok(())
+}
