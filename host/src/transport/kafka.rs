@@ -117,6 +117,10 @@ fn refuses_for_good(code: Option<RDKafkaErrorCode>) -> bool {
     )
 }
 
+/// How soon a committed offset still unstable (its transaction's markers being written) is
+/// asked for again.
+const UNSTABLE_AGAIN: Duration = Duration::from_millis(5);
+
 /// How long a call waits out the errors of a broker that is still settling before it gives up.
 pub const SETTLE_FOR: Duration = Duration::from_secs(30);
 
@@ -1274,22 +1278,59 @@ impl InputConsumer {
         for (t, p) in tps {
             tpl.add_partition(t, *p as i32);
         }
-        let got = settle(
-            || format!("the group's committed offsets of {tps:?}"),
-            SETTLE_FOR,
-            || -> Result<TopicPartitionList, RdError> {
-                let got = self
-                    .consumer
-                    .committed_offsets(tpl.clone(), Duration::from_secs(30))?;
-                // An error of one partition (its offset unstable while a transaction
-                // completes, say) is not "no offset": it is asked again like the call's own.
-                for e in got.elements() {
-                    e.error()?;
+        let what = || format!("the group's committed offsets of {tps:?}");
+        let deadline = Instant::now() + SETTLE_FOR;
+        let got = loop {
+            let got = settle(
+                what,
+                SETTLE_FOR,
+                || -> Result<Option<TopicPartitionList>, RdError> {
+                    let got = self
+                        .consumer
+                        .committed_offsets(tpl.clone(), Duration::from_secs(30))?;
+                    // An error of one partition is not "no offset": it is asked again like
+                    // the call's own.
+                    for e in got.elements() {
+                        match e.error() {
+                            Ok(()) => {}
+                            Err(err)
+                                if err.rdkafka_error_code()
+                                    == Some(RDKafkaErrorCode::UnstableOffsetCommit) =>
+                            {
+                                return Ok(None);
+                            }
+                            Err(err) => return Err(err),
+                        }
+                    }
+                    Ok(Some(got))
+                },
+            )
+            .map_err(|e| kerr("committed offsets", e))?;
+            match got {
+                Some(got) => break got,
+                // An offset of a transaction whose markers are being written: stable in
+                // milliseconds. Asked again every 5 ms, not with a settling broker's doubling
+                // back-off (20, 40 ... 320 ms, 620 ms by the sixth try), which could overshoot
+                // the moment it is stable by hundreds of ms: a move's take-over waits for it
+                // within its pause.
+                // One that stays unstable (a dead owner's transaction until it times out or is
+                // fenced) is asked every 100 ms after the first second.
+                None if Instant::now() < deadline => {
+                    let asked_for = SETTLE_FOR.saturating_sub(deadline - Instant::now());
+                    std::thread::sleep(if asked_for < Duration::from_secs(1) {
+                        UNSTABLE_AGAIN
+                    } else {
+                        Duration::from_millis(100)
+                    });
                 }
-                Ok(got)
-            },
-        )
-        .map_err(|e| kerr("committed offsets", e))?;
+                None => {
+                    return Err(kerr(
+                        "committed offsets",
+                        format!("{} still unstable after {SETTLE_FOR:?}", what()),
+                    ));
+                }
+            }
+        };
         Ok(tps
             .iter()
             .map(
