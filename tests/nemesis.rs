@@ -298,6 +298,72 @@ fn produce_until(
     })
 }
 
+/// Starts the three hosts of a run under `root` with the holds `steps`, a topic for their
+/// commit records, and word count and uppercase (an output topic) in `partitions` partitions
+/// each, exactly-once; returns once every partition runs, with the input, output and commits
+/// topics (named after `name`).
+async fn deploy(
+    root: &Path,
+    name: &str,
+    steps: String,
+    partitions: u32,
+) -> Result<(Cluster, String, String, String)> {
+    let commits = unique(&format!("{name}-commits"));
+    {
+        use baton::transport::Transport;
+        let t = baton::transport::kafka::KafkaTransport::connect(
+            baton::transport::kafka::KafkaConfig::new(kafka_bootstrap()),
+        )?;
+        t.ensure_topic(&commits, 1, baton::transport::TopicKind::Data)?;
+    }
+    let mut c = Cluster {
+        cluster: crate::cluster_name(root),
+        members: ["a", "b", "c"]
+            .into_iter()
+            .map(|id| Member {
+                id,
+                dir: root.join(id),
+                host: None,
+            })
+            .collect(),
+        steps,
+        commits: commits.clone(),
+    };
+    for i in 0..3 {
+        c.start(i).await?;
+    }
+    let api = c.api()?;
+    crate::wait_alive(&api, 3).await?;
+    let (input, output) = (
+        unique(&format!("{name}-in")),
+        unique(&format!("{name}-out")),
+    );
+    api.upload_plugin("word-count", "word-count", "1").await?;
+    api.upload_plugin("uppercase", "uppercase", "1").await?;
+    api.create_pipeline(json!({
+        "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
+        "stores": ["counts"], "slots": 2, "partitions": partitions, "guarantee": "exactly-once"
+    }))
+    .await?;
+    api.create_pipeline(json!({
+        "name": "up", "module": "uppercase", "version": "1", "inputs": [input],
+        "outputs": [output], "config": {"output": output}, "slots": 2,
+        "partitions": partitions, "guarantee": "exactly-once"
+    }))
+    .await?;
+    for pipeline in ["wc", "up"] {
+        for i in 0..partitions {
+            let p = format!("{pipeline}-{i}");
+            wait_for(&format!("{p} running"), Duration::from_secs(60), || async {
+                let r = row(&api, &p).await?;
+                Ok((r["state"] == "running").then_some(()))
+            })
+            .await?;
+        }
+    }
+    Ok((c, input, output, commits))
+}
+
 /// One run of `nemesis`, its times drawn from `seed`. The hosts' data dirs and logs are kept
 /// (and named) when the run fails or a check does not hold.
 pub async fn run(nemesis: Nemesis, seed: u64) -> Result<Outcome> {
@@ -318,53 +384,9 @@ pub async fn run(nemesis: Nemesis, seed: u64) -> Result<Outcome> {
 async fn run_in(nemesis: Nemesis, seed: u64, root: &Path) -> Result<Outcome> {
     let mut rng = Rng::new(seed);
     let hold = rng.between(Duration::from_millis(500), Duration::from_millis(3000));
-    let commits = unique("faults-commits");
-    {
-        use baton::transport::Transport;
-        let t = baton::transport::kafka::KafkaTransport::connect(
-            baton::transport::kafka::KafkaConfig::new(kafka_bootstrap()),
-        )?;
-        t.ensure_topic(&commits, 1, baton::transport::TopicKind::Data)?;
-    }
-    let mut c = Cluster {
-        cluster: crate::cluster_name(root),
-        members: ["a", "b", "c"]
-            .into_iter()
-            .map(|id| Member {
-                id,
-                dir: root.join(id),
-                host: None,
-            })
-            .collect(),
-        steps: format!("{}@wc-0={}ms", nemesis.step(), hold.as_millis()),
-        commits: commits.clone(),
-    };
-    for i in 0..3 {
-        c.start(i).await?;
-    }
+    let steps = format!("{}@wc-0={}ms", nemesis.step(), hold.as_millis());
+    let (mut c, input, output, commits) = deploy(root, "faults", steps, 1).await?;
     let api = c.api()?;
-    crate::wait_alive(&api, 3).await?;
-    let (input, output) = (unique("faults-in"), unique("faults-out"));
-    api.upload_plugin("word-count", "word-count", "1").await?;
-    api.upload_plugin("uppercase", "uppercase", "1").await?;
-    api.create_pipeline(json!({
-        "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
-        "stores": ["counts"], "slots": 2, "partitions": 1, "guarantee": "exactly-once"
-    }))
-    .await?;
-    api.create_pipeline(json!({
-        "name": "up", "module": "uppercase", "version": "1", "inputs": [input],
-        "outputs": [output], "config": {"output": output}, "slots": 2, "partitions": 1,
-        "guarantee": "exactly-once"
-    }))
-    .await?;
-    for p in ["wc-0", "up-0"] {
-        wait_for(&format!("{p} running"), Duration::from_secs(60), || async {
-            let r = row(&api, p).await?;
-            Ok((r["state"] == "running").then_some(()))
-        })
-        .await?;
-    }
 
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(Mutex::new(Vec::new()));
@@ -707,54 +729,8 @@ async fn collect_moves(api: &Api, seen: &mut BTreeMap<String, Value>) -> Result<
 
 async fn churn_in(moves: usize, seed: u64, root: &Path) -> Result<Churn> {
     let mut rng = Rng::new(seed);
-    let commits = unique("churn-commits");
-    {
-        use baton::transport::Transport;
-        let t = baton::transport::kafka::KafkaTransport::connect(
-            baton::transport::kafka::KafkaConfig::new(kafka_bootstrap()),
-        )?;
-        t.ensure_topic(&commits, 1, baton::transport::TopicKind::Data)?;
-    }
     let hosts = ["a", "b", "c"];
-    let mut c = Cluster {
-        cluster: crate::cluster_name(root),
-        members: hosts
-            .into_iter()
-            .map(|id| Member {
-                id,
-                dir: root.join(id),
-                host: None,
-            })
-            .collect(),
-        steps: String::new(),
-        commits: commits.clone(),
-    };
-    for i in 0..3 {
-        c.start(i).await?;
-    }
-    let api = c.api()?;
-    crate::wait_alive(&api, 3).await?;
-    let (input, output) = (unique("churn-in"), unique("churn-out"));
-    api.upload_plugin("word-count", "word-count", "1").await?;
-    api.upload_plugin("uppercase", "uppercase", "1").await?;
-    api.create_pipeline(json!({
-        "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
-        "stores": ["counts"], "slots": 2, "partitions": 2, "guarantee": "exactly-once"
-    }))
-    .await?;
-    api.create_pipeline(json!({
-        "name": "up", "module": "uppercase", "version": "1", "inputs": [input],
-        "outputs": [output], "config": {"output": output}, "slots": 2, "partitions": 2,
-        "guarantee": "exactly-once"
-    }))
-    .await?;
-    for p in CHURNED {
-        wait_for(&format!("{p} running"), Duration::from_secs(60), || async {
-            let r = row(&api, p).await?;
-            Ok((r["state"] == "running").then_some(()))
-        })
-        .await?;
-    }
+    let (mut c, input, output, commits) = deploy(root, "churn", String::new(), 2).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(Mutex::new(Vec::new()));
     let producer = produce_until(input.clone(), stop.clone(), sent.clone(), seed);

@@ -1279,7 +1279,7 @@ impl InputConsumer {
             tpl.add_partition(t, *p as i32);
         }
         let what = || format!("the group's committed offsets of {tps:?}");
-        let deadline = Instant::now() + SETTLE_FOR;
+        let started = Instant::now();
         let got = loop {
             let got = settle(
                 what,
@@ -1315,9 +1315,8 @@ impl InputConsumer {
                 // within its pause.
                 // One that stays unstable (a dead owner's transaction until it times out or is
                 // fenced) is asked every 100 ms after the first second.
-                None if Instant::now() < deadline => {
-                    let asked_for = SETTLE_FOR.saturating_sub(deadline - Instant::now());
-                    std::thread::sleep(if asked_for < Duration::from_secs(1) {
+                None if started.elapsed() < SETTLE_FOR => {
+                    std::thread::sleep(if started.elapsed() < Duration::from_secs(1) {
                         UNSTABLE_AGAIN
                     } else {
                         Duration::from_millis(100)
