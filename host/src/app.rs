@@ -98,7 +98,8 @@ pub struct Baton {
     pub(crate) runtime: Arc<Runtime>,
     pub(crate) catalog: Mutex<Catalog>,
     pub(crate) modules: RwLock<BTreeMap<String, Module>>,
-    pub(crate) partitions: RwLock<BTreeMap<String, Arc<PartitionHandle>>>,
+    /// What this host is for each partition: one peer each, in one state.
+    pub(crate) peers: crate::partition::peers::Peers,
     /// Held while partitions start and stop: two callers that find one partition not running
     /// must not both start a loop for it.
     pub(crate) assigning: Mutex<()>,
@@ -151,19 +152,8 @@ pub struct Baton {
     pub(crate) background_stop: Arc<std::sync::atomic::AtomicBool>,
     /// The follower's and the controller's threads.
     pub(crate) background: Mutex<Vec<std::thread::JoinHandle<()>>>,
-    /// Copies of partitions this host keeps without processing them (a move's target).
-    pub(crate) replicas: RwLock<BTreeMap<String, Arc<crate::cluster::moves::Replica>>>,
-    /// Partitions this host drained for a move: not restarted while held.
-    pub(crate) held: Mutex<crate::cluster::moves::HeldPartitions>,
     /// Pauses of the moves this host took over.
     pub(crate) pauses: Mutex<crate::cluster::moves::Pauses>,
-    /// Clients a move's target made ready for a partition's first session here.
-    pub(crate) prepared: Mutex<BTreeMap<String, crate::partition::kafka::Prepared>>,
-    /// Partitions whose assignment this host just recorded itself (a move's take-over): their
-    /// first ownership check needs no control-log catch-up.
-    pub(crate) taking_over: Mutex<std::collections::BTreeSet<String>>,
-    /// Standby replicas kept here, by partition.
-    pub(crate) standbys: Mutex<BTreeMap<String, crate::cluster::standby::StandbyRun>>,
 }
 
 impl Baton {
@@ -234,7 +224,7 @@ impl Baton {
             runtime,
             catalog: Mutex::new(Catalog::default()),
             modules: RwLock::new(BTreeMap::new()),
-            partitions: RwLock::new(BTreeMap::new()),
+            peers: Default::default(),
             assigning: Mutex::new(()),
             log_catalog: log_catalog.clone(),
             control_wake: Default::default(),
@@ -254,12 +244,7 @@ impl Baton {
             replay,
             background_stop: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             background: Mutex::new(Vec::new()),
-            replicas: RwLock::new(BTreeMap::new()),
-            held: Mutex::new(BTreeMap::new()),
             pauses: Mutex::new(Default::default()),
-            prepared: Mutex::new(BTreeMap::new()),
-            taking_over: Mutex::new(Default::default()),
-            standbys: Mutex::new(BTreeMap::new()),
         });
         baton.join_cluster()?;
         for m in &baton.config.native_modules {
@@ -385,7 +370,7 @@ impl Baton {
         let sampler: crate::cluster::Sampler = Box::new(move || {
             let mut s = crate::cluster::LoadSample::default();
             if let Some(b) = me.upgrade() {
-                for h in b.partitions.read().values() {
+                for h in b.peers.handles() {
                     s.records += h.status.records.load(Ordering::Relaxed);
                     s.guest_us += h.status.time.process_us.load(Ordering::Relaxed);
                     s.partitions += 1;
@@ -487,7 +472,7 @@ impl Baton {
             // No assignment read meanwhile starts a partition again.
             let _one_at_a_time = self.assigning.lock();
             self.closing.store(true, Ordering::SeqCst);
-            let parts: Vec<_> = self.partitions.read().values().cloned().collect();
+            let parts = self.peers.handles();
             for p in &parts {
                 p.stop();
             }
@@ -497,8 +482,7 @@ impl Baton {
         }
         // Committed and stopped: their next owners may start now.
         self.hand_off();
-        let standbys: Vec<String> = self.standbys.lock().keys().cloned().collect();
-        for p in standbys {
+        for p in self.peers.standbys() {
             self.stop_standby(&p);
         }
         self.background_stop.store(true, Ordering::Relaxed);

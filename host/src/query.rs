@@ -151,11 +151,10 @@ impl Baton {
                 "slot {slot} of `{pipeline}` is owned by host {host} ({url}); ask it there"
             )));
         }
-        self.partitions
-            .read()
-            .values()
+        self.peers
+            .handles()
+            .into_iter()
             .find(|h| h.pipeline == pipeline && h.slots.contains(&slot))
-            .cloned()
             .ok_or_else(|| {
                 Error::Unavailable(format!("no partition of `{pipeline}` owns slot {slot} yet"))
             })

@@ -35,7 +35,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -48,6 +48,7 @@ use crate::control::{
 use crate::error::{Error, Result};
 use crate::http::model::{ReplicaInfo, Role};
 use crate::partition::kafka::Prepared;
+use crate::partition::peers::{PeerState, Replica};
 use crate::partition::tail::Tail;
 
 /// A target this many changelog records (or fewer) behind the owner asks it to hand off.
@@ -75,55 +76,6 @@ const RELEASE_SETTLE: Duration = Duration::from_secs(10);
 
 /// A take-over whose first fetch found nothing to process for this long ends its pause there.
 const IDLE_AFTER: Duration = Duration::from_secs(1);
-
-/// A copy of a partition's state this host keeps up to date without processing it.
-pub struct Replica {
-    /// The partition.
-    pub partition: String,
-    /// `warming` (a move's target) or `standby`.
-    pub role: Role,
-    /// Changelog records not applied yet.
-    pub behind: AtomicU64,
-    /// Held while the replica writes into the partition's database.
-    pub(crate) writing: parking_lot::Mutex<()>,
-    /// Set when a session of the partition starts here: a warming replica writes nothing
-    /// more into the database that session uses.
-    pub(crate) superseded: std::sync::atomic::AtomicBool,
-}
-
-impl Replica {
-    pub(crate) fn new(partition: &str, role: Role, behind: u64) -> Self {
-        Replica {
-            partition: partition.to_string(),
-            role,
-            behind: AtomicU64::new(behind),
-            writing: Default::default(),
-            superseded: Default::default(),
-        }
-    }
-
-    /// Applies what `tail` reads into `db`, unless a session of the partition started here.
-    fn poll(
-        &self,
-        tail: &mut Tail,
-        db: &crate::state::PartitionDb,
-        wait: Duration,
-    ) -> std::result::Result<(), String> {
-        let _writing = self.writing.lock();
-        if self.superseded.load(Ordering::Acquire) {
-            return Err("a session of the partition started on this host meanwhile".into());
-        }
-        tail.poll(db, wait)
-            .map(|_| ())
-            .map_err(|e| format!("applying the changelogs: {e:#}"))
-    }
-
-    /// Makes sure the replica writes nothing more: waits for a write under way to end.
-    pub(crate) fn supersede(&self) {
-        self.superseded.store(true, Ordering::Release);
-        drop(self.writing.lock());
-    }
-}
 
 /// The owner's answer to a drain: it stopped and committed.
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
@@ -253,7 +205,8 @@ impl Baton {
                 }
             }
             MovePhase::Abandoned | MovePhase::Done
-                if m.from == self.host_id && self.held.lock().contains_key(&m.partition) =>
+                if m.from == self.host_id
+                    && self.peers.state(&m.partition) == PeerState::Released =>
             {
                 if self.released_in_vain(&m.partition, &m.id) {
                     // Called on the follower's thread, which the read-back needs.
@@ -269,7 +222,9 @@ impl Baton {
                         tracing::error!("resuming a released partition: {e}");
                     }
                 } else {
-                    self.held.lock().remove(&m.partition);
+                    // Taken over (the session here is let go), or abandoned before the
+                    // release counted (it goes on at its epoch).
+                    self.peers.unrelease(&m.partition);
                     self.follow_assignments(&m.pipeline);
                 }
             }
@@ -379,7 +334,7 @@ impl Baton {
                 Err(_) => return,
             }
         }
-        self.held.lock().remove(partition);
+        self.peers.unrelease(partition);
         tracing::info!(
             partition,
             "the move was abandoned after the release: resuming at the next epoch"
@@ -468,10 +423,9 @@ impl Baton {
     /// The target's side of a move, from warming to done or abandoned.
     fn drive_move(&self, m: MoveRecord) {
         let started = Instant::now();
-        // A standby of the partition here becomes the warming replica: one reader at a time.
-        self.stop_standby(&m.partition);
-        let outcome = self.warm_and_take_over(&m);
-        self.replicas.write().remove(&m.partition);
+        let replica = Arc::new(Replica::new(&m.partition, Role::Warming));
+        let outcome = self.warm_and_take_over(&m, &replica);
+        self.peers.end_warming(&replica);
         match outcome {
             Ok(pause) => {
                 if let Some((p, steps)) = &pause {
@@ -503,6 +457,7 @@ impl Baton {
     fn warm_and_take_over(
         &self,
         m: &MoveRecord,
+        replica: &Arc<Replica>,
     ) -> std::result::Result<Option<(f64, Vec<MoveStep>)>, String> {
         let kafka = self.kafka.clone().ok_or("no Kafka")?;
         let (record, assignment) = {
@@ -522,29 +477,23 @@ impl Baton {
         }
         let slots = assignment.slots[0]..assignment.slots[1];
         self.check_state_disk(&m.partition)?;
-        // Registered before it touches the database: a session of the partition that starts
-        // here from now on supersedes it.
-        let replica = Arc::new(Replica::new(&m.partition, Role::Warming, 0));
-        self.replicas
-            .write()
-            .insert(m.partition.clone(), replica.clone());
+        // The partition's peer here before it touches the database: a standby of it stops
+        // (one writer at a time), and a session of the partition that starts here from now on
+        // supersedes it.
+        self.peers.warm(&m.partition, replica.clone())?;
         let path = self.partition_path(&m.pipeline, &m.partition);
         let db = self
             .state
             .open_shared(&path, &record.spec.state_stores())
             .map_err(|e| format!("opening the partition's state here: {e}"))?;
-        let mut prepared = {
-            let _writing = replica.writing.lock();
-            if replica.superseded.load(Ordering::Acquire) {
-                return Err("a session of the partition started on this host meanwhile".into());
-            }
+        let mut prepared = replica.write(|| {
             // Opening the reader may wipe a slot whose state is ahead of its changelog.
             let tail = Tail::open(&kafka, &record, slots.clone(), &db)
                 .map_err(|e| format!("reading the changelogs: {e:#}"))?;
             // The session's clients, made ready now so that the take-over does not wait.
             Prepared::new(&kafka, &record, &m.partition, slots.clone(), tail)
-                .map_err(|e| format!("opening the partition's clients: {e:#}"))?
-        };
+                .map_err(|e| format!("opening the partition's clients: {e:#}"))
+        })?;
         let tail = prepared.tail();
         replica.behind.store(tail.behind(), Ordering::Relaxed);
 
@@ -642,8 +591,11 @@ impl Baton {
 
         // Before the take-over: the owner's last transaction is complete, and this replica
         // holds exactly what the owner released.
-        check_release(&release, &record, &mut prepared, &replica, &db, &mut marks)?;
+        check_release(&release, &record, &mut prepared, replica, &db, &mut marks)?;
         marks.push(("checked", Instant::now()));
+        // The replica's last write is done: the peer hands the clients to the session that
+        // starts here if the take-over counts (and lets them go if not).
+        self.peers.take_over(replica, prepared)?;
 
         // Take over, at the next epoch.
         let current = self.catalog.lock().assignments.get(&m.partition).cloned();
@@ -685,17 +637,16 @@ impl Baton {
             );
         }
         marks.push(("read-back", Instant::now()));
-        self.prepared.lock().insert(m.partition.clone(), prepared);
-        self.taking_over.lock().insert(m.partition.clone());
         self.follow_assignments(&m.pipeline);
-        self.prepared.lock().remove(&m.partition);
+        // Clients the session did not take (it could not start) are let go.
+        self.peers.end_warming(replica);
         marks.push(("started", Instant::now()));
         drop(db);
 
         // The pause ends at the new owner's first guest call.
         let until = Instant::now() + FIRST_CALL_TIMEOUT;
         while Instant::now() < until {
-            let handle = self.partitions.read().get(&m.partition).cloned();
+            let handle = self.peers.running(&m.partition);
             // The first guest call; or, when nothing waits to be processed a while after the
             // first fetch, that fetch.
             let ready = handle.as_ref().and_then(|h| {
@@ -757,17 +708,8 @@ impl Baton {
                 )));
             }
         }
-        let handle = self
-            .partitions
-            .read()
-            .get(partition)
-            .cloned()
-            .ok_or_else(|| {
-                Error::Conflict(format!("partition `{partition}` does not run on this host"))
-            })?;
-        self.held
-            .lock()
-            .insert(partition.to_string(), Instant::now());
+        // Released from here on: it never processes again at this epoch.
+        let handle = self.peers.release(partition).map_err(Error::Conflict)?;
         let Some(offsets) = handle.drain(DRAIN_TIMEOUT) else {
             return Err(Error::Unavailable(format!(
                 "partition `{partition}` did not reach a batch boundary and commit within {}s",
@@ -793,7 +735,7 @@ impl Baton {
                 handle.join();
                 std::thread::sleep(hold);
                 if let Some(b) = me.upgrade() {
-                    let expired = b.held.lock().get(&p).is_some_and(|t| t.elapsed() >= hold);
+                    let expired = b.peers.released_for(&p).is_some_and(|t| t >= hold);
                     if expired {
                         b.resume_unless_taken_over(&p, &pipeline, &id);
                     }
@@ -889,7 +831,8 @@ impl Baton {
             for m in moves.iter().filter(|m| !m.phase.ended()) {
                 let released = m.release.as_ref().is_some_and(|r| r.owner == self.host_id);
                 if m.from == self.host_id && released {
-                    self.held.lock().insert(m.partition.clone(), Instant::now());
+                    self.peers
+                        .released_before_restart(&m.partition, &m.pipeline);
                     left.push(m.clone());
                 } else if m.to == self.host_id {
                     left.push(m.clone());
@@ -934,7 +877,7 @@ impl Baton {
                     drop(b);
                     std::thread::sleep(hold);
                     if let Some(b) = me.upgrade()
-                        && b.held.lock().contains_key(&m.partition)
+                        && b.peers.state(&m.partition) == PeerState::Released
                     {
                         b.resume_unless_taken_over(&m.partition, &m.pipeline, &m.id);
                     }
@@ -991,7 +934,7 @@ impl Baton {
             .assignments
             .get(partition)
             .is_none_or(|a| a.owner == self.host_id);
-        self.held.lock().remove(partition);
+        self.peers.unrelease(partition);
         if mine {
             tracing::warn!(
                 partition,
@@ -1082,20 +1025,7 @@ impl Baton {
 
     /// The replicas this host keeps, as rows of the partition table.
     pub(crate) fn local_replicas(&self) -> Vec<(String, ReplicaInfo)> {
-        self.replicas
-            .read()
-            .values()
-            .map(|r| {
-                (
-                    r.partition.clone(),
-                    ReplicaInfo {
-                        host: self.host_id.clone(),
-                        role: r.role,
-                        lag: r.behind.load(Ordering::Relaxed),
-                    },
-                )
-            })
-            .collect()
+        self.peers.replicas(&self.host_id)
     }
 
     /// Refuses a replica of `partition` here when this host's state on disk, with the
@@ -1360,6 +1290,3 @@ fn post_json<B: Serialize, T: serde::de::DeserializeOwned>(
         .map_err(|e| e.to_string())?
         .block_on(call)
 }
-
-/// Partitions an owner drained for a move, with when: not restarted while held.
-pub type HeldPartitions = BTreeMap<String, Instant>;

@@ -10,15 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::app::Baton;
-use crate::cluster::moves::Replica;
-use crate::http::model::Role;
+use crate::partition::peers::{Replica, Standby};
 use crate::partition::tail::Tail;
-
-/// A standby's thread and its stop flag.
-pub struct StandbyRun {
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<()>,
-}
 
 impl Baton {
     /// The partitions this host should keep a standby of: named in their assignment, not
@@ -40,45 +33,35 @@ impl Baton {
             .collect()
     }
 
-    /// Starts and stops this host's standbys to match the assignments. A standby of a partition
-    /// this host now owns stops (and its thread ends) before the partition starts here.
+    /// Starts and stops this host's standbys to match the assignments. A partition with
+    /// another peer here (it runs, warms or is released here) gets no standby; a standby of a
+    /// partition that starts here is stopped and joined by the session's start.
     pub(crate) fn follow_standbys(&self) {
         if self.kafka.is_none() {
             return;
         }
         let wanted = self.wanted_standbys();
-        let stale: Vec<String> = self
-            .standbys
-            .lock()
-            .keys()
-            .filter(|p| !wanted.contains_key(*p))
-            .cloned()
-            .collect();
-        for p in stale {
-            self.stop_standby(&p);
+        for p in self.peers.standbys() {
+            if !wanted.contains_key(&p) {
+                self.stop_standby(&p);
+            }
         }
         for (partition, (pipeline, slots)) in wanted {
-            let running = self
-                .standbys
-                .lock()
-                .get(&partition)
-                .is_some_and(|r| !r.thread.is_finished());
-            if running {
-                continue;
-            }
-            self.stop_standby(&partition);
-            let stop = Arc::new(AtomicBool::new(false));
-            let (me, flag, p) = (self.me.clone(), stop.clone(), partition.clone());
-            let spawned = std::thread::Builder::new()
-                .name(format!("baton-standby-{partition}"))
-                .spawn(move || run_standby(me, &p, &pipeline, slots, &flag));
-            match spawned {
-                Ok(thread) => {
-                    tracing::info!(%partition, "keeping a standby");
-                    self.standbys
-                        .lock()
-                        .insert(partition, StandbyRun { stop, thread });
-                }
+            let started = self.peers.keep_standby(&partition, |replica| {
+                let stop = Arc::new(AtomicBool::new(false));
+                let (me, flag, r) = (self.me.clone(), stop.clone(), replica.clone());
+                let thread = std::thread::Builder::new()
+                    .name(format!("baton-standby-{partition}"))
+                    .spawn(move || run_standby(me, &r, &pipeline, slots, &flag))?;
+                Ok(Standby {
+                    replica,
+                    stop,
+                    thread,
+                })
+            });
+            match started {
+                Ok(true) => tracing::info!(%partition, "keeping a standby"),
+                Ok(false) => {}
                 Err(e) => tracing::error!(%partition, "starting a standby: {e}"),
             }
         }
@@ -86,17 +69,7 @@ impl Baton {
 
     /// Stops this host's standby of `partition`, if any, and waits for its thread.
     pub(crate) fn stop_standby(&self, partition: &str) {
-        let run = self.standbys.lock().remove(partition);
-        if let Some(run) = run {
-            run.stop.store(true, Ordering::Relaxed);
-            let _ = run.thread.join();
-            let mut replicas = self.replicas.write();
-            if replicas
-                .get(partition)
-                .is_some_and(|r| r.role == Role::Standby)
-            {
-                replicas.remove(partition);
-            }
+        if self.peers.stop_standby(partition) {
             tracing::info!(partition, "standby stopped");
         }
     }
@@ -106,11 +79,12 @@ impl Baton {
 /// starting over after an error.
 fn run_standby(
     me: std::sync::Weak<Baton>,
-    partition: &str,
+    replica: &Replica,
     pipeline: &str,
     slots: [u32; 2],
     stop: &AtomicBool,
 ) {
+    let partition = replica.partition.as_str();
     let stopped =
         |b: &Baton| stop.load(Ordering::Relaxed) || b.background_stop.load(Ordering::Relaxed);
     loop {
@@ -131,10 +105,7 @@ fn run_standby(
             let path = b.partition_path(pipeline, partition);
             let db = b.state.open_shared(&path, &record.spec.state_stores())?;
             let mut tail = Tail::open(&kafka, &record, slots[0]..slots[1], &db)?;
-            let replica = Arc::new(Replica::new(partition, Role::Standby, tail.behind()));
-            b.replicas
-                .write()
-                .insert(partition.to_string(), replica.clone());
+            replica.behind.store(tail.behind(), Ordering::Relaxed);
             let mut refreshed = Instant::now() - Duration::from_secs(1);
             while !stopped(&b) {
                 tail.poll(&db, Duration::from_millis(100))?;
@@ -148,13 +119,6 @@ fn run_standby(
                 }
             }
             tail.close_in_background();
-            let mut replicas = b.replicas.write();
-            if replicas
-                .get(partition)
-                .is_some_and(|r| r.role == Role::Standby)
-            {
-                replicas.remove(partition);
-            }
             Ok(())
         })();
         // Stopped, or not wanted any more.

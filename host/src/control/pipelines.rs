@@ -436,9 +436,9 @@ impl Baton {
             })?;
         // The new config must pass `init` before anything changes.
         if let Some(db) = self
-            .partitions
-            .read()
-            .values()
+            .peers
+            .handles()
+            .iter()
             .find(|h| h.pipeline == name)
             .map(|h| h.db.clone())
         {

@@ -11,6 +11,7 @@ pub mod commands;
 pub mod events;
 pub mod io;
 pub mod kafka;
+pub mod peers;
 pub mod report;
 pub mod supervisor;
 pub mod swap;

@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 
 use crate::control::PipelineRecord;
 use crate::partition::kafka::{CommitAudit, KafkaIo};
+use crate::partition::peers::{Claim, Claimed};
 use crate::partition::report::{PartitionInfo, PartitionState, ReplicaInfo, Role};
 use crate::partition::{
     Command, EmbeddedIo, EventLog, Inbox, IoFactory, ModuleTarget, PartitionIo, PartitionStatus,
@@ -172,11 +173,10 @@ impl Baton {
 
     /// The partitions of `pipeline` running here.
     pub(crate) fn pipeline_partitions(&self, pipeline: &str) -> Vec<Arc<PartitionHandle>> {
-        self.partitions
-            .read()
-            .values()
+        self.peers
+            .handles()
+            .into_iter()
             .filter(|h| h.pipeline == pipeline)
-            .cloned()
             .collect()
     }
 
@@ -189,8 +189,11 @@ impl Baton {
         }
         for p in &parts {
             p.join();
+            self.peers.forget(p);
         }
-        self.partitions.write().retain(|_, h| h.pipeline != name);
+        for id in self.peers.released_without_session(name) {
+            self.peers.forget_release(&id);
+        }
         self.runs.write().remove(name);
         self.targets.write().remove(name);
         self.replay_plans.write().remove(name);
@@ -312,7 +315,7 @@ impl Baton {
         // A partition runs one shape: a different one for a running partition is refused
         // before anything changes.
         for a in assignments {
-            if let Some(h) = self.partitions.read().get(&a.id)
+            if let Some(h) = self.peers.running(&a.id)
                 && h.slots != a.slots
             {
                 anyhow::bail!(
@@ -324,56 +327,66 @@ impl Baton {
             }
         }
         let wanted: BTreeSet<&str> = assignments.iter().map(|a| a.id.as_str()).collect();
+        // Sessions here that are not assigned any more (a released one included: its move's
+        // target took it over) stop and are forgotten.
         let gone: Vec<_> = self
-            .partitions
-            .read()
-            .values()
+            .peers
+            .handles()
+            .into_iter()
             .filter(|h| h.pipeline == pipeline && !wanted.contains(h.id.as_str()))
-            .cloned()
             .collect();
         for h in &gone {
             h.stop();
         }
         for h in &gone {
             h.join();
-            self.partitions.write().remove(&h.id);
-            self.held.lock().remove(&h.id);
+            self.peers.forget(h);
+        }
+        for id in self.peers.released_without_session(pipeline) {
+            if !wanted.contains(id.as_str()) {
+                self.peers.forget_release(&id);
+            }
         }
         for a in assignments {
-            let running = self.partitions.read().get(&a.id).cloned();
-            match running {
-                Some(h) if !h.stopping() => {
+            match self.peers.claim(&a.id) {
+                Claimed::Running(h) if !h.stopping() => {
                     h.epoch.fetch_max(a.epoch, Ordering::Relaxed);
                 }
-                // Drained for a move: held for its new owner.
-                Some(_) if self.held.lock().contains_key(&a.id) => {}
-                // Its loop ended or is ending (drained, fenced, or failed for good): a new one
-                // starts once it has. A move abandoned while the drained loop finishes lands
-                // here, and the partition runs again.
-                Some(h) => {
+                // Its loop ended or is ending (fenced, or failed for good; or drained for a
+                // move that was then abandoned): a new one starts once it has.
+                Claimed::Running(h) => {
                     h.join();
-                    self.partitions.write().remove(&h.id);
-                    self.start_partition(&run, a)?;
+                    let new = self.start_partition(&run, a, Claim::default())?;
+                    self.peers.restarted(&h, new);
                 }
-                // Released for a move before this host restarted: it never processes at the
-                // released epoch again, and resumes only at the next one if the move is
-                // abandoned.
-                None if self.held.lock().contains_key(&a.id) => {}
-                None => self.start_partition(&run, a)?,
+                // Released for a move (before a restart, too): it never processes at the
+                // released epoch again, and resumes only once the move is abandoned.
+                Claimed::Released => {}
+                Claimed::Start(claim) => match self.start_partition(&run, a, claim) {
+                    Ok(h) => self.peers.started(h),
+                    Err(e) => {
+                        self.peers.not_started(&a.id);
+                        return Err(e);
+                    }
+                },
             }
         }
         Ok(())
     }
 
     /// Starts one partition's loop on a thread of its own.
-    fn start_partition(&self, run: &PipelineRun, a: &Assignment) -> anyhow::Result<()> {
-        // A move's warming replica of this partition here writes nothing more into the
-        // database the session is about to use (the owner died mid-move and the partition
-        // came here, say); its move is abandoned.
-        let replica = self.replicas.read().get(&a.id).cloned();
-        if let Some(r) = replica {
-            r.supersede();
-        }
+    /// Its peer has given way already ([`crate::partition::peers::Peers::claim`]): a replica
+    /// of the partition here writes nothing more into the database the session uses.
+    fn start_partition(
+        &self,
+        run: &PipelineRun,
+        a: &Assignment,
+        claim: Claim,
+    ) -> anyhow::Result<Arc<PartitionHandle>> {
+        let Claim {
+            prepared,
+            taken_over,
+        } = claim;
         let record = &run.record;
         let spec = &record.spec;
         let (id, slots) = (a.id.clone(), a.slots.clone());
@@ -398,7 +411,7 @@ impl Baton {
                 (None, Some(k)) => {
                     let k = k.clone();
                     // Clients a move's target made ready while warming: for the first session.
-                    let prepared = Mutex::new(self.prepared.lock().remove(&id));
+                    let prepared = Mutex::new(prepared);
                     let steps = self.steps.clone();
                     let audit = steps.commits_topic().map(|topic| CommitAudit {
                         topic: topic.to_string(),
@@ -417,7 +430,7 @@ impl Baton {
                             pipeline.clone(),
                             &id,
                             slots.clone(),
-                            prepared.lock().take(),
+                            prepared.lock().take().map(|p| *p),
                             audit,
                             steps.clone(),
                         )?) as Box<dyn PartitionIo>)
@@ -447,7 +460,13 @@ impl Baton {
             steps: self.steps.clone(),
             owns: {
                 let (me, id) = (self.me.clone(), id.clone());
-                Arc::new(move || me.upgrade().is_some_and(|b| b.owns(&id)))
+                // A move's target just recorded its own assignment and read it back: its
+                // first ownership check needs no control-log catch-up.
+                let fresh = std::sync::atomic::AtomicBool::new(taken_over);
+                Arc::new(move || {
+                    me.upgrade()
+                        .is_some_and(|b| b.owns(&id, fresh.swap(false, Ordering::Relaxed)))
+                })
             },
         };
         let thread = std::thread::Builder::new()
@@ -464,19 +483,19 @@ impl Baton {
             commands,
             thread: Mutex::new(Some(thread)),
         };
-        self.partitions.write().insert(id, Arc::new(handle));
-        Ok(())
+        Ok(Arc::new(handle))
     }
 
     /// Whether this host owns partition `id` at its newest epoch, with the control log read to
-    /// its end first (for at most 5 s). On the embedded log, and for a pipeline no assignment
+    /// its end first (for at most 5 s; not when `read_back`, this host's own assignment just
+    /// read back). On the embedded log, and for a pipeline no assignment
     /// names, it does.
-    pub(crate) fn owns(&self, id: &str) -> bool {
+    pub(crate) fn owns(&self, id: &str, read_back: bool) -> bool {
         if self.kafka.is_none() {
             return true;
         }
         // A move's target just recorded its own assignment: the catalog has it already.
-        if !self.taking_over.lock().remove(id) {
+        if !read_back {
             self.catch_up_control(std::time::Duration::from_secs(5));
         }
         self.catalog
@@ -512,7 +531,7 @@ impl Baton {
 
     /// The running partitions with their live status (for metrics).
     pub fn partition_handles(&self) -> Vec<Arc<PartitionHandle>> {
-        self.partitions.read().values().cloned().collect()
+        self.peers.handles()
     }
 
     /// The partition table: on Kafka every partition of the cluster, each as its owner last
@@ -614,9 +633,9 @@ impl Baton {
 
     /// The partitions running on this host.
     pub fn local_partitions(&self) -> Vec<PartitionInfo> {
-        self.partitions
-            .read()
-            .values()
+        self.peers
+            .handles()
+            .iter()
             .map(|h| {
                 let offsets = h.status.progress.lock().clone();
                 let lag = offsets.iter().map(|o| o.end.saturating_sub(o.offset)).sum();
