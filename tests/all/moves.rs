@@ -703,6 +703,113 @@ async fn a_standby_is_kept_warm_and_promoted_on_failover_without_a_full_restore(
     Ok(())
 }
 
+/// Two hosts ask at once to move one partition, each to itself. The requests run on the
+/// controller, and the second is checked before the first's `move` event is read back (it
+/// takes effect only then) or after: either way the control log's order lets one move begin.
+/// Exactly one request is accepted, the other refused with 409, one move is in every host's
+/// history of the partition, and it ends done at its target with exact counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_move_requests_at_once_start_one_move_everywhere() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dirs: Vec<_> = (0..3)
+        .map(|_| tempfile::tempdir())
+        .collect::<Result<_, _>>()?;
+    let cluster = cluster_name(dirs[0].path());
+    let a = member(dirs[0].path(), &cluster, "a").await?;
+    let b = member(dirs[1].path(), &cluster, "b").await?;
+    let c = member(dirs[2].path(), &cluster, "c").await?;
+    wait_alive(&a.api, 3).await?;
+    let input = baton_tests::unique("race-in");
+    a.api.upload_plugin("word-count", "word-count", "1").await?;
+    a.api
+        .create_pipeline(json!({
+            "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
+            "stores": ["counts"], "slots": 2, "partitions": 1
+        }))
+        .await?;
+    let owner = wait_for("the partition running", Duration::from_secs(60), || async {
+        let p = row(&a.api, "wc-0").await?;
+        Ok((p["state"] == "running").then(|| p["owner"].as_str().unwrap_or_default().to_string()))
+    })
+    .await?;
+    assert_eq!(
+        owner, "a",
+        "created on a with no partition anywhere: a owns it"
+    );
+    let producer = baton_tests::TestProducer::new()?;
+    let keys = baton_tests::words(2_000, 100, 7);
+    producer.send(&input, 2, &records(&keys)).await?;
+    a.api
+        .wait_caught_up("wc", 2_000, Duration::from_secs(60))
+        .await?;
+    // Both hosts know the partition and its owner before they ask.
+    for api in [&b.api, &c.api] {
+        wait_for("the owner known", Duration::from_secs(30), || async {
+            Ok((row(api, "wc-0").await?["owner"] == "a").then_some(()))
+        })
+        .await?;
+    }
+    let ask = |api: &baton_tests::Api, to: &'static str| {
+        let api = api.clone();
+        async move {
+            api.post_json("/api/v1/partitions/wc-0/move", &json!({"to": to}))
+                .await
+        }
+    };
+    let (to_b, to_c) = tokio::join!(ask(&b.api, "b"), ask(&c.api, "c"));
+    let (to_b, to_c) = (to_b?, to_c?);
+    let mut statuses = [to_b.status, to_c.status];
+    statuses.sort();
+    assert_eq!(statuses, [202, 409], "b: {to_b:?}; c: {to_c:?}");
+    let (winner, id) = if to_b.status == 202 {
+        (
+            "b",
+            to_b.body["move"].as_str().unwrap_or_default().to_string(),
+        )
+    } else {
+        (
+            "c",
+            to_c.body["move"].as_str().unwrap_or_default().to_string(),
+        )
+    };
+    let done = wait_for("the move done", Duration::from_secs(60), || async {
+        let p = row(&a.api, "wc-0").await?;
+        let ended = p["moves"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|m| m["id"] == id.as_str() && m["phase"] == "done");
+        Ok((ended && p["owner"] == winner && p["state"] == "running").then_some(p))
+    })
+    .await?;
+    // Every host's history holds the one move.
+    for api in [&a.api, &b.api, &c.api] {
+        let moves = wait_for(
+            "the move in every history",
+            Duration::from_secs(30),
+            || async {
+                let p = row(api, "wc-0").await?;
+                let ms = p["moves"].as_array().cloned().unwrap_or_default();
+                Ok(ms.iter().any(|m| m["phase"] == "done").then_some(ms))
+            },
+        )
+        .await?;
+        assert_eq!(moves.len(), 1, "{moves:?}");
+        assert_eq!(moves[0]["id"], id.as_str(), "{moves:?}");
+    }
+    let more = baton_tests::words(500, 100, 8);
+    producer.send(&input, 2, &records(&more)).await?;
+    a.api
+        .wait_caught_up("wc", 2_500, Duration::from_secs(60))
+        .await?;
+    assert_counted(&a.api, &[&keys, &more]).await?;
+    assert_eq!(done["epoch"], 2, "{done}");
+    for h in [c, b, a] {
+        h.stop().await?;
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_move_to_a_host_over_its_disk_bound_is_abandoned_and_the_owner_goes_on()
 -> anyhow::Result<()> {
@@ -744,8 +851,18 @@ async fn a_move_to_a_host_over_its_disk_bound_is_abandoned_and_the_owner_goes_on
         .wait_caught_up("wc", 2_000, Duration::from_secs(60))
         .await?;
     // Created on a, with both hosts live and neither owning anything: a owns it (ties go to
-    // the smaller id). Any replica of it breaks b's 1-byte bound: the move is abandoned, by name.
+    // the smaller id). Any replica of it breaks b's 1-byte bound once b knows the partition's
+    // state from a's load reports: the move is abandoned, by name.
     assert_eq!(owner, "a");
+    wait_for(
+        "b to see the partition's state",
+        Duration::from_secs(30),
+        || async {
+            let p = row(&b.api, "wc-0").await?;
+            Ok((p["state_bytes"].as_u64().unwrap_or(0) > 0).then_some(()))
+        },
+    )
+    .await?;
     let id = move_wc0(&a.api, "b").await?;
     wait_abandoned(&a.api, &id, "--state-disk").await?;
     // The owner goes on: the partition stays on a at its epoch, and new records count.

@@ -128,7 +128,6 @@ impl Baton {
                 "moves need a cluster: this host runs on the embedded log, alone".into(),
             ));
         }
-        self.catch_up_control(Duration::from_secs(2));
         let (assignment, under_way) = {
             let catalog = self.catalog.lock();
             (
@@ -158,7 +157,8 @@ impl Baton {
             )));
         }
         let record = MoveRecord {
-            id: format!("{partition}.{}.{:x}", a.epoch, now_ms()),
+            // Unique across hosts: two requests in one millisecond are two moves.
+            id: format!("{partition}.{}.{:x}.{}", a.epoch, now_ms(), self.host_id),
             pipeline: a.pipeline.clone(),
             partition: partition.to_string(),
             from: a.owner.clone(),
@@ -176,14 +176,33 @@ impl Baton {
 
     /// Begins moving `partition` to host `to`; answers the move's id at once. The move goes on
     /// in the background: its phases show in the partition's `moves`.
+    ///
+    /// The move begins when its event is read back from the control log, and only if it came
+    /// there from the partition's owner while no other move of it was under way (two requests
+    /// that raced on two hosts start one move everywhere): else the request is refused.
     pub fn request_move(&self, partition: &str, to: &str) -> Result<String> {
-        let _control = self.control.lock();
-        let record = self.new_move(partition, to)?;
-        let event = ControlEvent::Move(record.clone());
-        self.append_control(&event)?;
-        self.catalog.lock().apply(event);
+        self.catch_up_control(Duration::from_secs(2));
+        let (record, at) = {
+            let _control = self.control.lock();
+            let record = self.new_move(partition, to)?;
+            let at = self.append_control(&ControlEvent::Move(record.clone()))?;
+            (record, at)
+        };
+        if !self.read_back_until_stopped(at) {
+            return Err(Error::Unavailable("the host is stopping".into()));
+        }
+        let began = self
+            .catalog
+            .lock()
+            .moves
+            .get(partition)
+            .is_some_and(|ms| ms.iter().any(|m| m.id == record.id && m.to == record.to));
+        if !began {
+            return Err(Error::Conflict(format!(
+                "partition `{partition}` changed owner or began another move before this one in                  the control log"
+            )));
+        }
         tracing::info!(move_id = %record.id, partition, from = %record.from, to, "move requested");
-        self.on_move(&record);
         Ok(record.id)
     }
 
@@ -233,7 +252,9 @@ impl Baton {
         }
     }
 
-    /// Appends a later phase of `m`, and applies it here.
+    /// Records a later phase of `m`: appends it (again after a failed append, until the host
+    /// stops) and waits until it is read back, which is when it takes effect here as on every
+    /// host (`on_move`), in log order: after a take-over, an abandonment is the move done.
     fn record_move(
         &self,
         m: &MoveRecord,
@@ -245,7 +266,7 @@ impl Baton {
             Some((ms, steps)) => (Some(ms), steps),
             None => (None, Vec::new()),
         };
-        let next = MoveRecord {
+        let event = ControlEvent::Move(MoveRecord {
             phase,
             pause_ms,
             reason,
@@ -254,33 +275,14 @@ impl Baton {
             taken_over: false,
             release: None,
             ..m.clone()
-        };
-        let event = ControlEvent::Move(next.clone());
-        let appended = {
-            let _control = self.control.lock();
-            self.append_control(&event)
-        };
-        match appended {
-            // The end of a move takes effect when read back: after a take-over in the log, an
-            // abandonment is the move done.
-            Ok(at) if phase.ended() && self.read_back_until_stopped(at) => {
-                self.adopt_log_order(&m.partition)
-            }
-            Ok(_) => self.catalog.lock().apply(event),
-            Err(e) => {
-                tracing::warn!(move_id = %m.id, "recording the move's phase {phase:?}: {e}");
-                self.catalog.lock().apply(event);
+        });
+        loop {
+            match self.append_and_read_back(&event, true) {
+                Ok(_) => return,
+                Err(e) if self.retry_after(&m.partition, &format!("the move {phase:?}"), &e) => {}
+                Err(_) => return,
             }
         }
-        let effective = self
-            .catalog
-            .lock()
-            .moves
-            .get(&m.partition)
-            .and_then(|ms| ms.iter().find(|x| x.id == m.id))
-            .cloned()
-            .unwrap_or(next);
-        self.on_move(&effective);
     }
 
     /// Whether this host released `partition` to move `move_id` and the move was abandoned
@@ -327,7 +329,7 @@ impl Baton {
                 after_release: false,
                 ..a
             });
-            match self.append_and_read_back(partition, &event, false) {
+            match self.append_and_read_back(&event, false) {
                 Ok(true) => break,
                 Ok(false) => return,
                 Err(e) if self.retry_after(partition, "this host's assignment", &e) => {}
@@ -342,24 +344,14 @@ impl Baton {
         self.follow_assignments(pipeline);
     }
 
-    /// Appends `event` (under the control lock when `locked`) and reads it back, then takes
-    /// `partition`'s assignment and moves from the log's order; false when the host stops
-    /// before the read-back.
-    fn append_and_read_back(
-        &self,
-        partition: &str,
-        event: &ControlEvent,
-        locked: bool,
-    ) -> Result<bool> {
+    /// Appends `event` (under the control lock when `locked`) and waits until the follower has
+    /// read it back (and applied it, with its effects here); false when the host stops first.
+    fn append_and_read_back(&self, event: &ControlEvent, locked: bool) -> Result<bool> {
         let at = {
             let _control = locked.then(|| self.control.lock());
             self.append_control(event)?
         };
-        if !self.read_back_until_stopped(at) {
-            return Ok(false);
-        }
-        self.adopt_log_order(partition);
-        Ok(true)
+        Ok(self.read_back_until_stopped(at))
     }
 
     /// After a failed append of `what` for `partition`: waits 1 s and answers true, or false
@@ -389,35 +381,6 @@ impl Baton {
             );
         }
         true
-    }
-
-    /// Takes `partition`'s assignment and moves from the catalog applied in log order: after
-    /// this host read back its own append, its catalog says what every host's does.
-    fn adopt_log_order(&self, partition: &str) {
-        let (a, moves) = {
-            let log = self.log_catalog.lock();
-            (
-                log.assignments.get(partition).cloned(),
-                log.moves.get(partition).cloned(),
-            )
-        };
-        let mut c = self.catalog.lock();
-        match a {
-            Some(a) => {
-                c.assignments.insert(partition.to_string(), a);
-            }
-            None => {
-                c.assignments.remove(partition);
-            }
-        }
-        match moves {
-            Some(ms) => {
-                c.moves.insert(partition.to_string(), ms);
-            }
-            None => {
-                c.moves.remove(partition);
-            }
-        }
     }
 
     /// The target's side of a move, from warming to done or abandoned.
@@ -618,11 +581,12 @@ impl Baton {
 
         // The take-over takes effect when read back: the control log's order decides between
         // it and an abandonment of the move (the owner's, after holding the partition in
-        // vain, or the controller's), the same way on every host.
+        // vain, or the controller's), the same way on every host. Read back, it starts the
+        // session here (the follower follows the assignment, and the peer hands the session
+        // the prepared clients).
         if !self.read_back_until_stopped(at) {
             return Err("the host stops".into());
         }
-        self.adopt_log_order(&m.partition);
         let won = self
             .log_catalog
             .lock()
@@ -815,9 +779,10 @@ impl Baton {
             changelogs,
             at: now_ms(),
         };
+        // It takes effect when read back, like every host's: this host's part (never to process
+        // again at the epoch) is done already, and the target appends after it.
         let event = ControlEvent::Released(release.clone());
         let at = self.append_control(&event).map_err(|e| e.to_string())?;
-        self.catalog.lock().apply(event);
         Ok((at, release))
     }
 
@@ -889,9 +854,9 @@ impl Baton {
     }
 
     /// The owner's side when nobody took its drained partition over in time: it records the
-    /// move abandoned, and resumes the partition only if the control log has that abandonment
-    /// before any take-over (else the target owns it, and the partition is let go). Until
-    /// the abandonment is recorded the partition stays held.
+    /// move abandoned. Read back, the abandonment resumes the partition only if the control
+    /// log has it before any take-over (else the target owns it, and the partition is let go).
+    /// Until the abandonment is recorded the partition stays held.
     fn resume_unless_taken_over(&self, partition: &str, pipeline: &str, move_id: &str) {
         loop {
             let m = self
@@ -917,33 +882,22 @@ impl Baton {
                 release: None,
                 ..m
             });
-            match self.append_and_read_back(partition, &event, true) {
+            match self.append_and_read_back(&event, true) {
                 Ok(true) => break,
                 Ok(false) => return,
                 Err(e) if self.retry_after(partition, "the move abandoned", &e) => {}
                 Err(_) => return,
             }
         }
-        if self.released_in_vain(partition, move_id) {
-            self.resume_released(partition, pipeline, move_id);
-            return;
-        }
-        let mine = self
-            .log_catalog
-            .lock()
-            .assignments
-            .get(partition)
-            .is_none_or(|a| a.owner == self.host_id);
-        self.peers.unrelease(partition);
-        if mine {
-            tracing::warn!(
-                partition,
-                "nobody took the drained partition over: resuming it"
-            );
-        } else {
-            tracing::info!(partition, "taken over before the abandonment: let go");
-        }
-        self.follow_assignments(pipeline);
+        // Read back, the move's end took effect here as on every host (`on_move`): the
+        // partition resumes at the next epoch if the abandonment counted, and is let go if a
+        // take-over came first.
+        tracing::info!(
+            partition,
+            pipeline,
+            move_id,
+            "nobody took the drained partition over in time"
+        );
     }
 
     /// Before a clean stop: moves every partition this host owns to the live hosts (the least

@@ -446,10 +446,10 @@ impl Baton {
         // other gone hosts own, which the controller would move anyway).
         for a in plan(&pipelines, &current, &others) {
             let event = ControlEvent::Assigned(a.clone());
+            // Takes effect when read back, here as everywhere.
             match self.append_control(&event) {
                 Ok(_) => {
                     tracing::info!(partition = %a.partition, to = %a.owner, "handed off");
-                    self.catalog.lock().apply(event);
                 }
                 // The controller gives it away once this host has left the group.
                 Err(e) => tracing::warn!(partition = %a.partition, "handing off: {e}"),
@@ -458,8 +458,9 @@ impl Baton {
     }
 
     /// This host's assignments of `pipeline`: on the embedded log every partition; on Kafka
-    /// the ones the catalog gives it. A pipeline no assignment names yet (created before
-    /// assignments existed) runs here whole until the controller assigns it.
+    /// the ones the catalog gives it. A partition no assignment names yet (its pipeline's
+    /// creator has not assigned it, or the pipeline was created before assignments existed)
+    /// runs nowhere until the controller assigns it, within a tick: never on two hosts.
     pub(crate) fn local_assignments(
         &self,
         pipeline: &str,
@@ -472,17 +473,10 @@ impl Baton {
         if self.kafka.is_none() {
             return all;
         }
-        let named: Vec<&AssignmentRecord> = catalog
+        catalog
             .assignments
             .values()
-            .filter(|a| a.pipeline == pipeline)
-            .collect();
-        if named.is_empty() {
-            return all;
-        }
-        named
-            .into_iter()
-            .filter(|a| a.owner == self.host_id)
+            .filter(|a| a.pipeline == pipeline && a.owner == self.host_id)
             .map(|a| crate::partition::supervisor::Assignment {
                 id: a.partition.clone(),
                 slots: a.slots[0]..a.slots[1],

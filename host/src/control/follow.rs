@@ -1,7 +1,8 @@
 //! Following the control log: on Kafka every host tails `<cluster>.control` after its replay and
 //! applies what other hosts (and the controller) appended, with the same effects the host that
 //! appended it had: modules load, pipelines start and stop, swaps and settings reach the
-//! partitions, and assignments start and stop partitions here.
+//! partitions, and assignments start and stop partitions here. Assignments, moves and
+//! releases take effect only this way, this host's own too: in log order, once read back.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,8 +12,18 @@ use crate::app::Baton;
 use crate::control::{ControlEvent, parse_event};
 use crate::partition::Settings;
 
-/// The header naming the host that appended a control event (it applied it already).
+/// The header naming the host that appended a control event.
 pub const ORIGIN: &str = "baton.origin";
+
+/// Whether `event`, appended by this host, takes effect here only when the follower reads it
+/// back, in log order, like every other host's: the events of assignments and moves, which
+/// hosts must agree on. (This host applies its other events as it appends them.)
+pub(crate) fn only_read_back_applies(event: &ControlEvent) -> bool {
+    matches!(
+        event,
+        ControlEvent::Assigned(_) | ControlEvent::Move(_) | ControlEvent::Released(_)
+    )
+}
 
 impl Baton {
     /// Tails the control log from `from` on a thread of its own until `stop` is set.
@@ -81,7 +92,7 @@ impl Baton {
                             Ok(e) => {
                                 since_snapshot += 1;
                                 baton.log_catalog.lock().apply(e.clone());
-                                if !mine {
+                                if !mine || only_read_back_applies(&e) {
                                     baton.apply_followed(e);
                                 }
                             }
@@ -114,7 +125,8 @@ impl Baton {
             })
     }
 
-    /// Applies an event another host appended, with its effects here.
+    /// Applies an event read from the control log (another host's, or one of this host's own
+    /// that takes effect only when read back), with its effects here.
     pub(crate) fn apply_followed(&self, event: ControlEvent) {
         let _control = self.control.lock();
         match &event {
@@ -181,9 +193,20 @@ impl Baton {
                 self.follow_assignments(&pipeline);
             }
             ControlEvent::Move(m) => {
-                let m = m.clone();
+                let (partition, id) = (m.partition.clone(), m.id.clone());
                 self.catalog.lock().apply(event);
-                self.on_move(&m);
+                // As the log made it: a take-over before an abandonment reads as done, and a
+                // move that began while another was under way never began.
+                let effective = self
+                    .catalog
+                    .lock()
+                    .moves
+                    .get(&partition)
+                    .and_then(|ms| ms.iter().find(|m| m.id == id))
+                    .cloned();
+                if let Some(m) = effective {
+                    self.on_move(&m);
+                }
             }
             // The target reads it from the log-ordered catalog.
             ControlEvent::Released(_) => self.catalog.lock().apply(event),

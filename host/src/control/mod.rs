@@ -447,6 +447,34 @@ mod tests {
     }
 
     #[test]
+    fn a_move_begins_only_from_the_owner_and_while_no_other_is_under_way() {
+        let mut c = Catalog::default();
+        c.apply(ControlEvent::Pipeline(Box::new(one_partition_pipeline())));
+        c.apply(assigned("a", 1, None));
+        let warming = |id: &str, from: &str, to: &str| match move_phase(MovePhase::Warming) {
+            ControlEvent::Move(m) => ControlEvent::Move(MoveRecord {
+                id: id.into(),
+                from: from.into(),
+                to: to.into(),
+                ..m
+            }),
+            _ => unreachable!(),
+        };
+        // From a host that does not own the partition: no move.
+        c.apply(warming("m0", "b", "c"));
+        assert!(c.move_under_way("p-0").is_none());
+        c.apply(warming("m1", "a", "b"));
+        // A second request that raced the first lands after it in the log: refused everywhere.
+        c.apply(warming("m2", "a", "c"));
+        assert_eq!(c.move_under_way("p-0").map(|m| m.id.as_str()), Some("m1"));
+        assert_eq!(c.moves["p-0"].len(), 1);
+        // Once the first ended, another may begin.
+        c.apply(move_phase(MovePhase::Abandoned));
+        c.apply(warming("m2", "a", "c"));
+        assert_eq!(c.move_under_way("p-0").map(|m| m.id.as_str()), Some("m2"));
+    }
+
+    #[test]
     fn a_take_over_and_an_abandonment_of_one_move_are_decided_by_their_order() {
         let pipeline = one_partition_pipeline();
         let phase = move_phase;
@@ -709,7 +737,18 @@ impl Catalog {
                 if !self.pipelines.contains_key(&m.pipeline) {
                     return;
                 }
+                // A move begins only from the partition's owner, and only while no other move
+                // of it is under way, at its place in the log: two requests that raced on two
+                // hosts start one move everywhere.
+                let refused = m.phase == MovePhase::Warming
+                    && self
+                        .assignments
+                        .get(&m.partition)
+                        .is_none_or(|a| a.owner != m.from);
                 let moves = self.moves.entry(m.partition.clone()).or_default();
+                let refused = refused
+                    || (m.phase == MovePhase::Warming
+                        && moves.iter().any(|old| !old.phase.ended() && old.id != m.id));
                 let known = moves.iter().find(|old| old.id == m.id);
                 m.taken_over = known.is_some_and(|old| old.taken_over);
                 m.release = known.and_then(|old| old.release.clone());
@@ -722,6 +761,7 @@ impl Catalog {
                     // A phase never goes back, and an ended move stays ended.
                     Some(old) if !old.phase.ended() && m.phase > old.phase => *old = m,
                     Some(_) => {}
+                    None if refused => {}
                     None => {
                         moves.push(m);
                         if moves.len() > MOVES_KEPT {

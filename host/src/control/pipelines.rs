@@ -137,7 +137,7 @@ impl Baton {
                     .unwrap_or(0),
             ),
         };
-        {
+        let assigned = {
             // The log's or nobody's: applied only once appended.
             let _g = self.control.lock();
             self.append_control(&ControlEvent::Pipeline(Box::new(record.clone())))?;
@@ -145,16 +145,28 @@ impl Baton {
                 .lock()
                 .apply(ControlEvent::Pipeline(Box::new(record.clone())));
             // On Kafka its partitions get owners now, spread over the live hosts (the
-            // controller gives a partition whose owner is gone to another).
+            // controller gives a partition whose owner is gone to another). Assignments take
+            // effect when read back, here as on every host.
+            let mut last = None;
             if self.kafka.is_some() {
                 for a in self.initial_assignments(&record) {
-                    let event = ControlEvent::Assigned(a);
-                    match self.append_control(&event) {
-                        Ok(_) => self.catalog.lock().apply(event),
+                    match self.append_control(&ControlEvent::Assigned(a)) {
+                        Ok(at) => last = Some(at),
                         // The controller assigns what is left unassigned.
                         Err(e) => tracing::warn!("assigning a new partition: {e}"),
                     }
                 }
+            }
+            last
+        };
+        if let Some(at) = assigned {
+            self.wake_control_follower();
+            // Not read back in time: the partitions start here when they are.
+            if !self.read_back(at, std::time::Duration::from_secs(10)) {
+                tracing::warn!(
+                    pipeline = %record.spec.name,
+                    "the new partitions' assignments are not read back from the control log yet"
+                );
             }
         }
         // The pipeline exists now; a failure to start is its phase, not the call's.
