@@ -7,6 +7,13 @@
 //! an error (a broker restart, a failed transaction) the next session starts from what was
 //! committed, after a back-off. How a batch commits depends on the transport (see [`io`]).
 
+mod commit;
+mod dead_letters;
+mod instance;
+mod replay;
+mod status;
+mod timers;
+
 pub mod commands;
 pub mod events;
 pub mod io;
@@ -20,7 +27,14 @@ pub mod tail;
 pub use commands::{Command, Inbox, Wants};
 pub use events::{Event, EventKind, EventLog};
 pub use io::{Batch, EmbeddedIo, PartitionIo, ReplayRanges, RestoreProgress, replay_window};
+pub use replay::{ReplayPlan, ReplayProgress};
+pub use status::{
+    HISTOGRAM_BOUNDS, Histogram, LoopTime, LoopTimeMs, PartitionStatus, Phase, SlotProgress,
+};
 pub use swap::{ModuleTarget, RollbackHook, Settings, SwapOutcome, SwapReport, SwapStatus, Target};
+
+use instance::{host_fault, host_op};
+use replay::replayed_message;
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -34,54 +48,6 @@ use crate::control::PipelineRecord;
 use crate::runtime::{CallError, Cursor, HostCtx, Instance, Message, Output, Runtime};
 use crate::state::{PartitionDb, Writes};
 use crate::transport::{LogRecord, Record};
-
-/// The dead letters a pipeline replays (`POST /api/v1/pipelines/{p}/dead-letters/replay`),
-/// shared by its partitions: a request bumps the generation, and each partition starts a new
-/// session at its next batch boundary to read them. Replayed dead letters go through the
-/// current version; the replay's progress is committed with each batch, as input offsets are,
-/// so each dead letter is processed exactly once.
-#[derive(Default)]
-pub struct ReplayPlan {
-    generation: AtomicU64,
-    ranges: Mutex<ReplayRanges>,
-}
-
-impl ReplayPlan {
-    /// A plan with the ranges requested so far.
-    pub fn new(ranges: ReplayRanges) -> Arc<Self> {
-        Arc::new(ReplayPlan {
-            generation: AtomicU64::new(0),
-            ranges: Mutex::new(ranges),
-        })
-    }
-
-    /// Bumped by each request.
-    pub fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
-    }
-
-    /// Every range requested, per slot.
-    pub fn ranges(&self) -> ReplayRanges {
-        self.ranges.lock().clone()
-    }
-
-    /// Adds a range of a slot's dead letters.
-    pub fn add(&self, slot: u32, from: u64, to: u64) {
-        self.ranges.lock().entry(slot).or_default().push((from, to));
-        self.generation.fetch_add(1, Ordering::AcqRel);
-    }
-}
-
-/// How far the replay of one slot's dead letters is.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq, schemars::JsonSchema)]
-pub struct ReplayProgress {
-    /// The slot (and partition of the dead-letter topic).
-    pub slot: u32,
-    /// The next dead letter to replay.
-    pub offset: u64,
-    /// Where the range being replayed ends (exclusive).
-    pub to: u64,
-}
 
 /// How long a fetch waits for input when nothing is pending.
 const FETCH_WAIT: Duration = Duration::from_millis(100);
@@ -131,145 +97,6 @@ impl Default for TaskConfig {
             max_call: 512,
             max_pending: 65_536,
         }
-    }
-}
-
-/// What a partition is doing.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
-pub enum Phase {
-    /// Opening state and instantiating.
-    Starting,
-    /// Catching state up from the changelog (or re-sending the outbox).
-    Restoring,
-    /// Processing.
-    Running,
-    /// Between sessions after an error; the message says which.
-    Recovering(String),
-    /// Stopped on request.
-    Stopped,
-    /// Stopped by an error it cannot get past; the message says which.
-    Failed(String),
-}
-
-/// Progress of one input slot.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq, schemars::JsonSchema)]
-pub struct SlotProgress {
-    /// Input topic.
-    pub topic: String,
-    /// Slot.
-    pub slot: u32,
-    /// Next offset to process (all before it are committed).
-    pub offset: u64,
-    /// The topic partition's end offset when last looked at.
-    pub end: u64,
-}
-
-/// Live status of a partition, shared with the HTTP layer.
-pub struct PartitionStatus {
-    /// Phase.
-    pub phase: Mutex<Phase>,
-    /// Per-slot progress.
-    pub progress: Mutex<Vec<SlotProgress>>,
-    /// Records processed since start.
-    pub records: AtomicU64,
-    /// Records sent to the dead-letter topic since start (those of pending batches included).
-    pub dead_letters: AtomicU64,
-    /// `dead_letters` as of the last commit.
-    pub committed_dead_letters: AtomicU64,
-    /// Commits since start.
-    pub batches: AtomicU64,
-    /// The last processing error (dead-lettered or not), if any.
-    pub last_error: Mutex<Option<String>>,
-    /// Progress of the last restore.
-    pub restore: Mutex<Option<RestoreProgress>>,
-    /// Where the loop's time went.
-    pub time: LoopTime,
-    /// Hot swaps.
-    pub swap: SwapStatus,
-    /// Records sent to outputs (dead letters included) since start.
-    pub records_out: AtomicU64,
-    /// Time from a batch's last fetched record to its commit.
-    pub batch_latency: Histogram,
-    /// The module version running now.
-    pub version: Mutex<String>,
-    /// Sessions that ended in a panic since start.
-    pub panics: AtomicU64,
-    /// Replays of dead letters in progress.
-    pub replay: Mutex<Vec<ReplayProgress>>,
-    /// When the partition here first called the guest with records (the end of a move's
-    /// pause).
-    pub first_call: Mutex<Option<Instant>>,
-    /// When its first fetch here returned, with records or not.
-    pub first_fetch: Mutex<Option<Instant>>,
-    /// Whether input records were waiting when its first session here began processing.
-    pub waiting_at_start: AtomicBool,
-    /// Whether a session of this loop restored its state and ran: until then, what the
-    /// database holds may be older than the changelogs.
-    pub restored: AtomicBool,
-    /// When each step of the first session's start ended (for a move's pause breakdown).
-    pub steps: Mutex<Vec<(&'static str, Instant)>>,
-}
-
-/// Cumulative time of the partition loop by step, in microseconds.
-#[derive(Default)]
-pub struct LoopTime {
-    /// Waiting for and reading input.
-    pub fetch_us: AtomicU64,
-    /// Guest calls (Wasm or native), state reads included.
-    pub process_us: AtomicU64,
-    /// Committing: the transport (transaction, flush) and the RocksDB write.
-    pub commit_us: AtomicU64,
-}
-
-/// [`LoopTime`] as the partition table shows it, in milliseconds.
-#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize, Default, schemars::JsonSchema)]
-pub struct LoopTimeMs {
-    /// Waiting for and reading input.
-    pub fetch: u64,
-    /// Guest calls.
-    pub process: u64,
-    /// Commits.
-    pub commit: u64,
-}
-
-impl LoopTime {
-    /// A snapshot in milliseconds.
-    pub fn snapshot(&self) -> LoopTimeMs {
-        let ms = |a: &AtomicU64| a.load(Ordering::Relaxed) / 1000;
-        LoopTimeMs {
-            fetch: ms(&self.fetch_us),
-            process: ms(&self.process_us),
-            commit: ms(&self.commit_us),
-        }
-    }
-}
-
-/// Upper bounds of [`Histogram`] buckets, in seconds.
-pub const HISTOGRAM_BOUNDS: [f64; 13] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
-
-/// A latency histogram for Prometheus: per-bucket counts (the last one is +Inf) and a sum.
-#[derive(Default)]
-pub struct Histogram {
-    /// Counts per bucket of [`HISTOGRAM_BOUNDS`], then one for larger values.
-    pub buckets: [AtomicU64; 14],
-    /// Sum of the observations, in microseconds.
-    pub sum_us: AtomicU64,
-}
-
-impl Histogram {
-    /// Adds an observation.
-    pub fn observe(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        let i = HISTOGRAM_BOUNDS
-            .iter()
-            .position(|b| secs <= *b)
-            .unwrap_or(HISTOGRAM_BOUNDS.len());
-        self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_us
-            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
     }
 }
 
@@ -324,40 +151,6 @@ pub struct PartitionTask {
     pub initial: Mutex<Option<Target>>,
     /// The host's protocol steps, where a test can hold this partition.
     pub steps: Arc<crate::steps::Steps>,
-}
-
-impl PartitionStatus {
-    /// A status in the starting phase.
-    pub fn new() -> Self {
-        PartitionStatus {
-            phase: Mutex::new(Phase::Starting),
-            progress: Mutex::new(Vec::new()),
-            records: AtomicU64::new(0),
-            dead_letters: AtomicU64::new(0),
-            committed_dead_letters: AtomicU64::new(0),
-            batches: AtomicU64::new(0),
-            last_error: Mutex::new(None),
-            restore: Mutex::new(None),
-            time: LoopTime::default(),
-            swap: SwapStatus::default(),
-            records_out: AtomicU64::new(0),
-            batch_latency: Histogram::default(),
-            version: Mutex::new(String::new()),
-            panics: AtomicU64::new(0),
-            replay: Mutex::new(Vec::new()),
-            first_call: Mutex::new(None),
-            first_fetch: Mutex::new(None),
-            waiting_at_start: AtomicBool::new(true),
-            restored: AtomicBool::new(false),
-            steps: Mutex::new(Vec::new()),
-        }
-    }
-}
-
-impl Default for PartitionStatus {
-    fn default() -> Self {
-        Self::new()
-    }
 }
 
 /// See [`PartitionTask::owns`].
@@ -455,162 +248,6 @@ impl PartitionTask {
         }
     }
 
-    fn new_instance(&self, target: &Target) -> Result<Instance, SessionError> {
-        self.try_instance(target)
-            .map_err(InstanceError::into_session)
-    }
-
-    /// An initialised instance of a target (its module with its settings), or why there is none.
-    fn try_instance(&self, target: &Target) -> Result<Instance, InstanceError> {
-        self.instance_with(target, self.fresh_ctx(&target.settings))
-    }
-
-    fn instance_with(&self, target: &Target, ctx: HostCtx) -> Result<Instance, InstanceError> {
-        let name = &self.pipeline.spec.module;
-        let mut inst = self
-            .runtime
-            .instantiate(&target.module, ctx)
-            .map_err(|e| InstanceError::Module(format!("instantiating module {name}: {e:#}")))?;
-        if let Err(e) = inst.init(&target.settings.config) {
-            // A state read that failed during `init` is the host's fault, not the module's.
-            return Err(match inst.ctx().host_fault.take() {
-                Some(f) => InstanceError::Host(format!("host failure during init: {f}")),
-                None => InstanceError::Module(format!("init of module {name} failed: {e}")),
-            });
-        }
-        Ok(inst)
-    }
-
-    /// Replaces a trapped instance, keeping the batch's pending writes and outputs.
-    fn replace_instance(&self, target: &Target, inst: Instance) -> Result<Instance, SessionError> {
-        let mut ctx = inst.into_ctx();
-        ctx.reset_instance_resources();
-        self.instance_with(target, ctx)
-            .map_err(InstanceError::into_session)
-    }
-
-    fn fresh_ctx(&self, settings: &Settings) -> HostCtx {
-        let mut limits = (*self.outputs).clone();
-        limits.max_key_bytes = settings.limits.max_key_bytes as usize;
-        limits.max_value_bytes = settings.limits.max_value_bytes as usize;
-        limits.max_timers = settings.limits.max_timers;
-        HostCtx::new(
-            self.pipeline.spec.name.as_str().into(),
-            self.db.clone(),
-            Arc::new(limits),
-            settings.limits.memory_bytes as usize,
-            settings.wasi.clone(),
-        )
-    }
-
-    /// Epoch ticks of one guest call's CPU budget. Each call gets the whole of `limits.cpu_ms`:
-    /// a long batch never shortens the calls that follow it. The deadline fires on a tick, so
-    /// one tick more makes the budget at least `cpu_ms`, never less.
-    fn call_ticks(&self, settings: &Settings) -> u64 {
-        (settings.limits.cpu_ms / crate::runtime::EPOCH_TICK.as_millis() as u64).max(1) + 1
-    }
-
-    /// At a batch boundary: switches to the target's new generation, if any. On failure the
-    /// partition keeps (or goes back to) the version it ran and reports the rollback.
-    fn maybe_swap(&self, mut inst: Instance, run: &mut Running) -> Result<Instance, SessionError> {
-        let generation = self.target.generation();
-        if generation == run.current.generation || generation == run.rejected {
-            return Ok(inst);
-        }
-        let target = self.target.get();
-        if target.module.sha256 == run.current.module.sha256
-            && target.settings == run.current.settings
-        {
-            // Same code (e.g. the pipeline went back to what this partition already runs).
-            *self.status.version.lock() = target.version.clone();
-            self.status.swap.record(SwapReport {
-                at: crate::control::now_ms(),
-                generation: target.generation,
-                version: target.version.clone(),
-                outcome: SwapOutcome::Swapped,
-                reason: None,
-                pause_us: 0,
-                timers_pending: 0,
-            });
-            run.current = target;
-            run.previous = None;
-            run.probation = 0;
-            return Ok(inst);
-        }
-        let started = Instant::now();
-        // A commit boundary: nothing is pending in the old instance's context.
-        debug_assert!(inst.ctx().overlay.is_empty() && !inst.ctx().overlay.is_committing());
-        drop(inst);
-        match self.try_instance(&target) {
-            Ok(mut new) => {
-                let pause_us = started.elapsed().as_micros() as u64;
-                let timers_pending = if new.takes_timers() {
-                    0
-                } else {
-                    let n = new.ctx().pending_timers(self.slots.clone());
-                    host_op(&mut new, n)?
-                };
-                tracing::info!(version = %target.version, pause_us, "module swapped");
-                self.events.push(
-                    EventKind::Swap,
-                    None,
-                    format!(
-                        "now running version {} (paused {pause_us} µs)",
-                        target.version
-                    ),
-                    &self.id,
-                    None,
-                );
-                *self.status.version.lock() = target.version.clone();
-                self.status.swap.record(SwapReport {
-                    at: crate::control::now_ms(),
-                    generation: target.generation,
-                    version: target.version.clone(),
-                    outcome: SwapOutcome::Swapped,
-                    reason: None,
-                    pause_us,
-                    timers_pending,
-                });
-                run.probation = target.settings.swap.probation_batches;
-                run.previous = Some(std::mem::replace(&mut run.current, target));
-                Ok(new)
-            }
-            Err(InstanceError::Host(e)) => Err(SessionError::Retry(anyhow::anyhow!(e))),
-            Err(InstanceError::Module(reason)) => {
-                let back = self.new_instance(&run.current)?;
-                self.reject(run, &target, reason, started);
-                Ok(back)
-            }
-        }
-    }
-
-    fn reject(&self, run: &mut Running, target: &Target, reason: String, started: Instant) {
-        let pause_us = started.elapsed().as_micros() as u64;
-        tracing::warn!(version = %target.version, "module version rolled back: {reason}");
-        self.events.push(
-            EventKind::Rollback,
-            None,
-            format!("version {} rolled back: {reason}", target.version),
-            &self.id,
-            None,
-        );
-        run.rejected = target.generation;
-        // Kept across sessions: until the rollback is recorded the target still names this
-        // generation, and a new session must not start on it.
-        self.rejected.store(target.generation, Ordering::Relaxed);
-        // The pipeline goes back first, so that whoever sees this report sees the rollback.
-        (self.on_rollback)(target.generation, reason.clone());
-        self.status.swap.record(SwapReport {
-            at: crate::control::now_ms(),
-            generation: target.generation,
-            version: target.version.clone(),
-            outcome: SwapOutcome::RolledBack,
-            reason: Some(reason),
-            pause_us,
-            timers_pending: 0,
-        });
-    }
-
     /// Runs a batch's records through the guest; returns the instance to use next.
     fn process_batch(
         &self,
@@ -628,121 +265,6 @@ impl PartitionTask {
         for (slot, _) in groups {
             inst = self.fire_timers(inst, target, *slot, dlq)?.0;
         }
-        Ok(inst)
-    }
-
-    /// Fires the timers of `slot` that fell due and removes its expired entries, as calls of
-    /// their own that commit with the pending batches. Returns the instance to use next and
-    /// how many timers and entries there were.
-    fn fire_timers(
-        &self,
-        mut inst: Instance,
-        target: &Target,
-        slot: u32,
-        dlq: &str,
-    ) -> Result<(Instance, usize), SessionError> {
-        let cursor = Cursor {
-            topic: self.pipeline.spec.inputs[0].clone(),
-            slot,
-            offset: 0,
-            timestamp: 0,
-        };
-        inst.ctx().begin_call(cursor.clone());
-        let now = crate::runtime::host::now_ms();
-        let swept = inst.ctx().sweep_expired(slot, now, MAX_SWEEP);
-        let mut n = host_op(&mut inst, swept)?;
-        inst.ctx().keep_call();
-        if !inst.takes_timers() {
-            return Ok((inst, n));
-        }
-        let ticks = self.call_ticks(&target.settings);
-        for _ in 0..MAX_TIMER_CALLS {
-            inst.ctx().begin_call(cursor.clone());
-            let due = inst.ctx().due_timers(slot, now, MAX_TIMERS_PER_CALL);
-            let due = host_op(&mut inst, due)?;
-            let Some(first) = due.first() else {
-                inst.ctx().keep_call();
-                break;
-            };
-            inst.ctx().cursor.timestamp = first.at;
-            n += due.len();
-            inst = self.fire(inst, target, &due, ticks, dlq)?;
-        }
-        Ok((inst, n))
-    }
-
-    /// Fires `due` in one call; when it fails, each timer alone, and one that still fails is
-    /// dropped with a dead letter. The call was begun by the caller.
-    fn fire(
-        &self,
-        mut inst: Instance,
-        target: &Target,
-        due: &[crate::runtime::time::DueTimer],
-        ticks: u64,
-        dlq: &str,
-    ) -> Result<Instance, SessionError> {
-        let cursor = inst.ctx().cursor.clone();
-        let removed = inst.ctx().remove_timers(due);
-        host_op(&mut inst, removed)?;
-        let result = inst.on_timers(due, ticks);
-        let (mut inst, err) = self.end_call(inst, target, result)?;
-        let Some(err) = err else {
-            return Ok(inst);
-        };
-        if due.len() > 1 {
-            for t in due {
-                inst.ctx().begin_call(Cursor {
-                    timestamp: t.at,
-                    ..cursor.clone()
-                });
-                inst = self.fire(inst, target, std::slice::from_ref(t), ticks, dlq)?;
-            }
-            return Ok(inst);
-        }
-        // One timer that fails alone: it is removed, and its dead letter says why.
-        let t = &due[0];
-        inst.ctx().begin_call(cursor.clone());
-        let removed = inst.ctx().remove_timers(due);
-        host_op(&mut inst, removed)?;
-        inst.ctx().keep_call();
-        let clock = match t.clock {
-            crate::runtime::time::Clock::Event => "event-time",
-            crate::runtime::time::Clock::Processing => "processing-time",
-        };
-        let msg = format!("timer ({clock} at {}) failed: {err}", t.at);
-        self.events.push(
-            EventKind::Error,
-            None,
-            format!("{msg}; sent to {dlq}"),
-            &self.id,
-            Some(&cursor),
-        );
-        tracing::warn!(slot = cursor.slot, "{msg}; sent to {dlq}");
-        let partitions = self
-            .outputs
-            .outputs
-            .get(dlq)
-            .map_or(self.pipeline.spec.slots, |o| o.partitions)
-            .max(1);
-        self.status.dead_letters.fetch_add(1, Ordering::Relaxed);
-        *self.status.last_error.lock() = Some(format!("slot {}: {msg}", cursor.slot));
-        inst.ctx().push_dead_letter(Output {
-            topic: dlq.to_string(),
-            partition: cursor.slot % partitions,
-            record: Record {
-                key: Some(t.key.clone()),
-                value: t.payload.clone(),
-                headers: vec![
-                    ("baton.error".into(), msg.into_bytes()),
-                    (
-                        "baton.timer".into(),
-                        format!("{clock}:{}", t.at).into_bytes(),
-                    ),
-                    ("baton.slot".into(), cursor.slot.to_string().into_bytes()),
-                ],
-                timestamp: t.at,
-            },
-        });
         Ok(inst)
     }
 
@@ -1090,178 +612,6 @@ impl PartitionTask {
         }
     }
 
-    /// Commits everything and waits: the commit in flight, then the pending batches.
-    #[allow(clippy::too_many_arguments)]
-    fn commit_pending(
-        &self,
-        io: &mut dyn PartitionIo,
-        inst: &mut Instance,
-        pending: &mut Pending,
-        in_flight: &mut Option<InFlight>,
-        next: &[Vec<u64>],
-        committed: &mut Vec<Vec<u64>>,
-        dlq: &str,
-    ) -> Result<(), SessionError> {
-        if let Some(f) = in_flight.take() {
-            self.finish_commit(io, inst, f, pending.batches > 0, committed, dlq)?;
-        }
-        if pending.batches == 0 {
-            return Ok(());
-        }
-        let f = self.start_commit(io, inst, pending, next)?;
-        self.finish_commit(io, inst, f, false, committed, dlq)
-    }
-
-    /// Starts committing the pending batches: their state writes, outputs and dead letters,
-    /// and every owned slot's offset up to `next`. Their writes stay visible to reads until the
-    /// commit is finished.
-    fn start_commit(
-        &self,
-        io: &mut dyn PartitionIo,
-        inst: &mut Instance,
-        pending: &mut Pending,
-        next: &[Vec<u64>],
-    ) -> Result<InFlight, SessionError> {
-        let started = Instant::now();
-        // Every owned slot's offset, idle or not: the broker expires a group's offset
-        // `offsets.retention.minutes` after its last commit.
-        let offsets = batch_offsets(next, self.slots.start);
-        let ctx = inst.ctx();
-        let writes = ctx.overlay.take();
-        let mut outputs = std::mem::take(&mut ctx.outputs);
-        outputs.append(&mut pending.unreplayable);
-        let flight = InFlight {
-            pending: std::mem::take(pending),
-            next: next.to_vec(),
-            outputs: outputs.len(),
-            offsets: offsets.clone(),
-            dead_letters: self.status.dead_letters.load(Ordering::Relaxed),
-            started,
-        };
-        io.commit_start(
-            &self.db,
-            Arc::new(Batch {
-                writes,
-                outputs,
-                offsets,
-            }),
-        )
-        .map_err(SessionError::Retry)?;
-        add_elapsed(&self.status.time.commit_us, started);
-        Ok(flight)
-    }
-
-    /// Waits for the commit in flight. Once it is committed, `committed` is its `next` and the
-    /// progress shows it. When Kafka refuses a record of it for good, the next session goes
-    /// through its records one per commit to find it; when its one record is what Kafka
-    /// refuses, that record is dead-lettered instead (and, when batches were processed over
-    /// its writes, `on_top`, they are processed again in a new session).
-    fn finish_commit(
-        &self,
-        io: &mut dyn PartitionIo,
-        inst: &mut Instance,
-        mut flight: InFlight,
-        on_top: bool,
-        committed: &mut Vec<Vec<u64>>,
-        dlq: &str,
-    ) -> Result<(), SessionError> {
-        let waited = Instant::now();
-        let mut restart = false;
-        if let Err(e) = io.commit_finish() {
-            // Nothing of the batches is in RocksDB: the next session resumes before them.
-            if !refused_for_good(&e) {
-                return Err(SessionError::Retry(e));
-            }
-            let Some(one) = flight.pending.single.take() else {
-                // Kafka refused a record of these batches for good: the next session goes
-                // through their records one per commit to find it.
-                tracing::warn!("{e:#}; processing the pending records one per commit");
-                *self.isolate.lock() = Some(flight.next);
-                return Err(SessionError::Retry(e));
-            };
-            // This record's outputs or state writes are what Kafka refuses: its writes are
-            // discarded and it goes to the dead-letter topic, or, when even that is
-            // refused, it is dropped with an event saying so.
-            inst.ctx().overlay.discard_committing();
-            // What the discarded writes removed (fired timers, say) is back in RocksDB's view.
-            inst.ctx().forget_cached_state();
-            restart = on_top;
-            let reason = format!("{e:#}");
-            let dead = self.dead_letter_output(&one, &reason, EventKind::Error, dlq);
-            // Counted as a dead letter whether it commits or is dropped below.
-            flight.dead_letters += 1;
-            let dead_batch = Batch {
-                writes: Writes::none(),
-                outputs: vec![dead],
-                offsets: flight.offsets.clone(),
-            };
-            flight.outputs = 1;
-            if let Err(e2) = io.commit(&self.db, Arc::new(dead_batch)) {
-                if !refused_for_good(&e2) {
-                    return Err(SessionError::Retry(e2));
-                }
-                flight.outputs = 0;
-                self.events.push(
-                    EventKind::Error,
-                    None,
-                    format!(
-                        "record dropped: Kafka refused it ({reason}) and its dead letter \
-                         ({e2:#})"
-                    ),
-                    &self.id,
-                    None,
-                );
-                io.commit(
-                    &self.db,
-                    Arc::new(Batch {
-                        writes: Writes::none(),
-                        outputs: Vec::new(),
-                        offsets: flight.offsets.clone(),
-                    }),
-                )
-                .map_err(SessionError::Retry)?;
-            }
-        } else {
-            // In RocksDB now: the hot-key cache takes the new values of the keys it holds.
-            inst.ctx().overlay.settle();
-        }
-        add_elapsed(&self.status.time.commit_us, waited);
-        tracing::debug!(
-            records = flight.pending.records,
-            batches = flight.pending.batches,
-            outputs = flight.outputs,
-            cached = inst.ctx().overlay.cached_bytes(),
-            us = flight.started.elapsed().as_micros() as u64,
-            "committed"
-        );
-        self.account(io, flight, committed);
-        if restart {
-            // The batches processed since read the discarded writes.
-            return Err(SessionError::Restart);
-        }
-        Ok(())
-    }
-
-    /// Counts a commit that landed and shows its progress: `committed` is its `next`.
-    fn account(&self, io: &mut dyn PartitionIo, flight: InFlight, committed: &mut Vec<Vec<u64>>) {
-        if let Some(first) = flight.pending.first_fetched {
-            self.status.batch_latency.observe(first.elapsed());
-        }
-        self.status
-            .records_out
-            .fetch_add(flight.outputs as u64, Ordering::Relaxed);
-        self.status
-            .records
-            .fetch_add(flight.pending.records, Ordering::Relaxed);
-        self.status.batches.fetch_add(1, Ordering::Relaxed);
-        self.status
-            .committed_dead_letters
-            .store(flight.dead_letters, Ordering::Relaxed);
-        committed.clear();
-        committed.extend_from_slice(&flight.next);
-        self.update_progress(io, committed);
-    }
-
     /// Processes one slot's chunk; on failure retries each record alone and dead-letters those
     /// that still fail. Returns the instance to use next (a new one after a trap).
     fn process_chunk(
@@ -1342,100 +692,6 @@ impl PartitionTask {
             );
         }
     }
-
-    fn dead_letter(&self, inst: &mut Instance, m: &Message, err: &CallError, dlq: &str) {
-        let kind = match err {
-            CallError::Guest(_) => EventKind::Error,
-            CallError::Trap(_) => EventKind::Trap,
-        };
-        let out = self.dead_letter_output(m, &err.to_string(), kind, dlq);
-        inst.ctx().push_dead_letter(out);
-    }
-
-    /// The dead letter of `m` with the reason `msg`, counted and reported as an event.
-    fn dead_letter_output(&self, m: &Message, msg: &str, kind: EventKind, dlq: &str) -> Output {
-        let (topic, slot, offset) = (&m.topic, m.slot, m.offset);
-        self.events.push(
-            kind,
-            None,
-            format!("{msg}; record sent to {dlq}"),
-            &self.id,
-            Some(&Cursor {
-                topic: topic.clone(),
-                slot,
-                offset,
-                timestamp: m.timestamp,
-            }),
-        );
-        tracing::warn!(%topic, slot, offset, "record sent to {dlq}: {msg}");
-        let mut headers: Vec<(String, Vec<u8>)> = m
-            .headers
-            .iter()
-            .map(|h| (h.key.clone(), h.value.clone()))
-            .collect();
-        headers.push(("baton.error".into(), msg.as_bytes().to_vec()));
-        headers.push(("baton.topic".into(), topic.as_bytes().to_vec()));
-        headers.push(("baton.slot".into(), slot.to_string().into_bytes()));
-        headers.push(("baton.offset".into(), offset.to_string().into_bytes()));
-        let mut record = Record {
-            key: m.key.clone(),
-            value: m.value.clone(),
-            headers,
-            timestamp: m.timestamp,
-        };
-        let out = self.outputs.outputs.get(dlq).copied();
-        if let Some(max) = out.and_then(|o| o.max_record_bytes) {
-            truncate_dead_letter(&mut record, max);
-        }
-        let partitions = out
-            .map_or(self.pipeline.spec.slots, |o| o.partitions)
-            .max(1);
-        self.status.dead_letters.fetch_add(1, Ordering::Relaxed);
-        *self.status.last_error.lock() = Some(format!("{topic}/{slot}@{offset}: {msg}"));
-        Output {
-            topic: dlq.to_string(),
-            partition: slot % partitions,
-            record,
-        }
-    }
-
-    fn update_progress(&self, io: &mut dyn PartitionIo, next: &[Vec<u64>]) {
-        let mut v = Vec::new();
-        for (ti, topic) in self.pipeline.spec.inputs.iter().enumerate() {
-            for (idx, offset) in next[ti].iter().enumerate() {
-                let slot = self.slots.start + idx as u32;
-                let end = io
-                    .end_offset(ti, slot, *offset)
-                    .unwrap_or(*offset)
-                    .max(*offset);
-                v.push(SlotProgress {
-                    topic: topic.clone(),
-                    slot,
-                    offset: *offset,
-                    end,
-                });
-            }
-        }
-        *self.status.progress.lock() = v;
-        let inputs = self.pipeline.spec.inputs.len();
-        let mut replay = Vec::new();
-        if let Some(row) = next.get(inputs) {
-            let ranges = self.replays.ranges();
-            for (idx, offset) in row.iter().enumerate() {
-                let slot = self.slots.start + idx as u32;
-                if let Some((_, to)) = ranges.get(&slot).and_then(|r| replay_window(r, *offset))
-                    && !io.replay_done(slot, *offset)
-                {
-                    replay.push(ReplayProgress {
-                        slot,
-                        offset: *offset,
-                        to,
-                    });
-                }
-            }
-        }
-        *self.status.replay.lock() = replay;
-    }
 }
 
 /// The versions a session runs: the current one, the one before a swap under probation, and a
@@ -1500,23 +756,6 @@ impl Pending {
     }
 }
 
-/// Why no instance could be made.
-enum InstanceError {
-    /// The module's fault (it does not instantiate, or its `init` fails): another try fails too.
-    Module(String),
-    /// The host's fault (a state read failed during `init`): worth another session.
-    Host(String),
-}
-
-impl InstanceError {
-    fn into_session(self) -> SessionError {
-        match self {
-            InstanceError::Module(m) => SessionError::Fatal(m),
-            InstanceError::Host(m) => SessionError::Retry(anyhow::anyhow!(m)),
-        }
-    }
-}
-
 /// Why a session ended.
 pub enum SessionError {
     /// Worth another session after a back-off (transport trouble, a failed commit).
@@ -1540,35 +779,6 @@ impl SessionError {
     }
 }
 
-/// Makes a dead letter fit its topic: cuts its value, then its key, and says so in the header
-/// `baton.truncated`, so that a record its dead-letter topic cannot take still leaves a trace.
-fn truncate_dead_letter(r: &mut Record, max: usize) {
-    let headers: usize = r.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
-    let key = r.key.as_ref().map_or(0, Vec::len);
-    let value = r.value.as_ref().map_or(0, Vec::len);
-    // Room for the header saying what was cut.
-    let room = max.saturating_sub(headers + 128);
-    if key + value + headers <= max {
-        return;
-    }
-    let mut note = Vec::new();
-    let value_room = room.saturating_sub(key.min(room));
-    if let Some(v) = r.value.as_mut() {
-        v.truncate(value_room);
-        note.push(format!("value of {value} bytes cut to {}", v.len()));
-    }
-    let key_room = room.saturating_sub(r.value.as_ref().map_or(0, Vec::len));
-    if let Some(k) = r.key.as_mut()
-        && k.len() > key_room
-    {
-        k.truncate(key_room);
-        note.push(format!("key of {key} bytes cut to {}", k.len()));
-    }
-    note.push(format!("the dead-letter topic takes at most {max} bytes"));
-    r.headers
-        .push(("baton.truncated".into(), note.join("; ").into_bytes()));
-}
-
 /// Every slot's next offset, per input, as a batch commits them.
 fn batch_offsets(next: &[Vec<u64>], first_slot: u32) -> Vec<(usize, u32, u64)> {
     next.iter()
@@ -1588,44 +798,6 @@ fn refused_for_good(e: &anyhow::Error) -> bool {
         e.downcast_ref::<crate::transport::TransportError>(),
         Some(crate::transport::TransportError::Refused(_))
     )
-}
-
-/// Ends the session when the last guest call failed through a fault of the host (state I/O):
-/// the batch is processed again by the next session, and no record is dead-lettered for it.
-fn host_fault(inst: &mut Instance) -> Result<(), SessionError> {
-    match inst.ctx().host_fault.take() {
-        None => Ok(()),
-        Some(f) => Err(SessionError::Retry(anyhow::anyhow!(
-            "host failure during a guest call: {f}; the batch is processed again"
-        ))),
-    }
-}
-
-/// The result of a host operation on state outside a guest call (timers, expiries): a failure
-/// ends the session, as a host fault during a call does.
-fn host_op<T>(inst: &mut Instance, r: wasmtime::Result<T>) -> Result<T, SessionError> {
-    host_fault(inst)?;
-    r.map_err(|e| SessionError::Retry(e.into()))
-}
-
-/// A dead letter as the record it was: its topic and offset from the `baton.*` headers, which
-/// are dropped.
-fn replayed_message(first_input: &str, slot: u32, r: LogRecord) -> Message {
-    let header = |name: &str| {
-        r.record
-            .headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
-    };
-    let topic = header("baton.topic").unwrap_or_else(|| first_input.to_string());
-    let offset = header("baton.offset")
-        .and_then(|o| o.parse().ok())
-        .unwrap_or(r.offset);
-    let mut m = to_message(&topic, slot, r);
-    m.offset = offset;
-    m.headers.retain(|h| !h.key.starts_with("baton."));
-    m
 }
 
 fn to_message(topic: &str, slot: u32, r: LogRecord) -> Message {

@@ -3,7 +3,9 @@
 
 pub mod bindings;
 pub mod host;
+pub mod limits;
 pub mod native;
+pub mod sandbox;
 pub mod stderr;
 pub mod time;
 
