@@ -31,6 +31,9 @@ pub mod transport;
 
 pub use app::{Baton, HostConfig};
 
+/// This build's version, as hosts report it to each other.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 /// The unit tests run on the host's allocator, as `baton` does (see `main.rs`).
 #[cfg(test)]
 #[global_allocator]

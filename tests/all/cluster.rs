@@ -90,10 +90,13 @@ async fn hosts_agree_on_members_and_one_controller_as_hosts_come_and_go() -> any
     let refs: Vec<&baton_tests::Api> = all.iter().collect();
     let controller = agreed(&refs, &alive, Duration::from_secs(60)).await?;
 
-    // Each reports its load and heartbeat.
+    // Each reports its load and heartbeat, its version and its control protocol (the process
+    // `d` too).
     let r = hosts[0].api.get("/api/v1/hosts").await?;
     for h in r.body.as_array().unwrap() {
         assert!(h["load"]["partitions"].is_u64(), "{h}");
+        assert_eq!(h["version"], baton::VERSION, "{h}");
+        assert_eq!(h["protocol"], baton::cluster::CONTROL_PROTOCOL, "{h}");
         assert!(
             h["last_heartbeat_ms"].as_i64().unwrap() > 1_700_000_000_000,
             "{h}"

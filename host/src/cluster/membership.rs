@@ -60,6 +60,8 @@ impl Membership for Alone {
             }),
             last_heartbeat_ms: Some(at),
             started_at_ms: Some(self.started_at),
+            version: Some(env!("CARGO_PKG_VERSION").to_string()),
+            protocol: Some(super::CONTROL_PROTOCOL),
         }]
     }
 
@@ -181,6 +183,8 @@ impl Membership for KafkaMembership {
                     load: report.map(HostLoad::from),
                     last_heartbeat_ms: report.map(|r| r.at),
                     started_at_ms: report.map(|r| r.started_at).filter(|t| *t > 0),
+                    version: report.map(|r| r.version.clone()).filter(|v| !v.is_empty()),
+                    protocol: report.map(|r| r.protocol),
                 }
             })
             .collect()
@@ -280,6 +284,8 @@ impl Member {
             partitions: sample.partitions,
             at: now_ms(),
             started_at: self.started_at,
+            protocol: super::CONTROL_PROTOCOL,
+            version: env!("CARGO_PKG_VERSION").to_string(),
             detail: sample.detail,
         };
         let Ok(value) = serde_json::to_vec(&report) else {

@@ -19,6 +19,44 @@ use serde::{Deserialize, Serialize};
 
 pub use membership::{Alone, KafkaMembership};
 
+/// The control-log protocol this host speaks, reported in its load reports:
+/// - 1 (reports without a `protocol`): a host applies its own assignments and moves as it
+///   appends them, and its owners record no release;
+/// - 2: assignments, moves and releases take effect on every host, its own too, only when read
+///   back from the control log, in log order.
+///
+/// A move between hosts of different protocols is refused, naming the older host's version.
+pub const CONTROL_PROTOCOL: u32 = 2;
+
+fn protocol_1() -> u32 {
+    1
+}
+
+/// Why a move of a partition from `from` to `to` cannot run across their protocols (as
+/// `reports` say, by host id), or `None` when both speak this host's.
+pub fn protocol_mismatch(
+    reports: &BTreeMap<String, (u32, String)>,
+    from: &str,
+    to: &str,
+) -> Option<String> {
+    [from, to].into_iter().find_map(|h| {
+        let (protocol, version) = reports.get(h)?;
+        (*protocol != CONTROL_PROTOCOL).then(|| {
+            let version = if version.is_empty() {
+                "an older baton".to_string()
+            } else {
+                format!("baton {version}")
+            };
+            format!(
+                "host `{h}` runs {version} (control protocol {protocol}), and this host baton {} \
+                 (control protocol {CONTROL_PROTOCOL}): moves between them are refused; upgrade \
+                 `{h}` first",
+                env!("CARGO_PKG_VERSION")
+            )
+        })
+    })
+}
+
 /// What a host says of itself in `<cluster>.load`, once a second.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LoadReport {
@@ -36,6 +74,12 @@ pub struct LoadReport {
     /// reports a new time, so the controller knows it joined even if it was never seen gone.
     #[serde(default)]
     pub started_at: i64,
+    /// Its control-log protocol ([`CONTROL_PROTOCOL`]); 1 for hosts that do not say.
+    #[serde(default = "protocol_1")]
+    pub protocol: u32,
+    /// Its baton version (empty for hosts that do not say).
+    #[serde(default)]
+    pub version: String,
     /// Its partitions as the partition table shows them, so that every host shows every
     /// partition.
     #[serde(default)]
@@ -80,6 +124,12 @@ pub struct HostInfo {
     pub last_heartbeat_ms: Option<i64>,
     /// When it joined the cluster (ms since the Unix epoch), from its load reports.
     pub started_at_ms: Option<i64>,
+    /// Its baton version, from its load reports (absent for hosts that do not say).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Its control-log protocol, from its load reports (1 for hosts that do not say).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<u32>,
 }
 
 /// Which hosts form the cluster, as this host sees it.
@@ -194,5 +244,50 @@ mod tests {
         let first = stable_host_id(dir.path()).unwrap();
         assert!(check_host_id(&first).is_ok(), "{first}");
         assert_eq!(stable_host_id(dir.path()).unwrap(), first);
+    }
+}
+
+#[cfg(test)]
+mod protocol_tests {
+    use super::*;
+
+    /// A load report of a host from before protocols (no `protocol`, no `version`) reads as
+    /// protocol 1, and a move to or from it is refused, naming it and what it runs.
+    #[test]
+    fn a_host_of_an_older_protocol_is_named_and_refused_for_moves() {
+        let old: LoadReport = serde_json::from_value(serde_json::json!({
+            "address": "http://127.0.0.1:1", "records_per_s": 0.0, "guest_cpu_s_per_s": 0.0,
+            "partitions": 1, "at": 0, "started_at": 0
+        }))
+        .unwrap();
+        assert_eq!((old.protocol, old.version.as_str()), (1, ""));
+        let now: LoadReport = serde_json::from_slice(
+            &serde_json::to_vec(&LoadReport {
+                protocol: CONTROL_PROTOCOL,
+                version: env!("CARGO_PKG_VERSION").into(),
+                ..old.clone()
+            })
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(now.protocol, CONTROL_PROTOCOL);
+        let reports: BTreeMap<String, (u32, String)> = [
+            ("a".to_string(), (old.protocol, old.version)),
+            ("b".to_string(), (now.protocol, now.version.clone())),
+            ("c".to_string(), (now.protocol, now.version)),
+        ]
+        .into();
+        assert_eq!(protocol_mismatch(&reports, "b", "c"), None);
+        for (from, to) in [("a", "b"), ("b", "a")] {
+            let why = protocol_mismatch(&reports, from, to).expect("refused");
+            assert!(
+                why.contains("host `a` runs an older baton (control protocol 1)")
+                    && why.contains(env!("CARGO_PKG_VERSION")),
+                "{why}"
+            );
+        }
+        // A host not heard from yet is not refused here: its release (or lack of one) is
+        // checked by the move's target.
+        assert_eq!(protocol_mismatch(&reports, "b", "d"), None);
     }
 }

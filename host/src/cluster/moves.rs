@@ -150,6 +150,14 @@ impl Baton {
                 alive.join(", ")
             )));
         }
+        let protocols = self
+            .hosts()
+            .into_iter()
+            .filter_map(|h| Some((h.id, (h.protocol?, h.version.unwrap_or_default()))))
+            .collect();
+        if let Some(why) = crate::cluster::protocol_mismatch(&protocols, &a.owner, to) {
+            return Err(Error::Conflict(why));
+        }
         if let Some(m) = under_way {
             return Err(Error::Conflict(format!(
                 "partition `{partition}` is moving already (move {} to `{}`, {:?})",

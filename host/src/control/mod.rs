@@ -446,6 +446,41 @@ mod tests {
         assert_eq!(c.assignments["p-0"].owner, "a", "one epoch: the smaller id");
     }
 
+    /// A control log as hosts of protocol 1 wrote it (no releases, take-overs without
+    /// `after_release`, a move abandoned by its owner, two pipelines' assignments) replays into
+    /// the catalog those hosts had: the single apply path reads old logs as they were meant.
+    #[test]
+    fn a_protocol_1_control_log_replays_as_its_hosts_read_it() {
+        let lines = [
+            r#"{"type":"pipeline","spec":{"name":"p","module":"m","version":"1","inputs":["in"],"slots":2,"partitions":1},"sha256":"","start_offsets":{},"created_at":0}"#,
+            r#"{"type":"assigned","pipeline":"p","partition":"p-0","slots":[0,2],"owner":"a","epoch":1,"at":1}"#,
+            r#"{"type":"move","id":"p-0.1.a","pipeline":"p","partition":"p-0","from":"a","to":"b","phase":"warming","at":2}"#,
+            r#"{"type":"move","id":"p-0.1.a","pipeline":"p","partition":"p-0","from":"a","to":"b","phase":"handoff","at":3}"#,
+            r#"{"type":"assigned","pipeline":"p","partition":"p-0","slots":[0,2],"owner":"b","epoch":2,"at":4,"move":"p-0.1.a"}"#,
+            r#"{"type":"move","id":"p-0.1.a","pipeline":"p","partition":"p-0","from":"a","to":"b","phase":"done","pause_ms":12.5,"at":5}"#,
+            r#"{"type":"move","id":"p-0.2.b","pipeline":"p","partition":"p-0","from":"b","to":"c","phase":"warming","at":6}"#,
+            r#"{"type":"move","id":"p-0.2.b","pipeline":"p","partition":"p-0","from":"b","to":"c","phase":"abandoned","reason":"nobody took the drained partition over within 20s","at":7}"#,
+        ];
+        let mut c = Catalog::default();
+        for l in lines {
+            c.apply(parse_event(l.as_bytes()).expect(l));
+        }
+        let a = &c.assignments["p-0"];
+        assert_eq!((a.owner.as_str(), a.epoch), ("b", 2));
+        let moves: Vec<(&str, MovePhase)> = c.moves["p-0"]
+            .iter()
+            .map(|m| (m.id.as_str(), m.phase))
+            .collect();
+        assert_eq!(
+            moves,
+            [
+                ("p-0.1.a", MovePhase::Done),
+                ("p-0.2.b", MovePhase::Abandoned)
+            ]
+        );
+        assert!(c.move_under_way("p-0").is_none());
+    }
+
     #[test]
     fn a_move_begins_only_from_the_owner_and_while_no_other_is_under_way() {
         let mut c = Catalog::default();
