@@ -84,11 +84,11 @@ def http(base, method, path, body=None, ctype="application/json"):
         return json.loads(r.read() or b"null")
 
 
-def start_baton(data, cluster, state_memory="512MiB", extra=()):
-    """`baton run` on Kafka in `data`; returns (process, API base URL) once it has written its
-    address."""
+def start_baton(data, cluster, state_memory="512MiB", extra=(), binary=None):
+    """`baton run` on Kafka in `data` (`binary`, else $BATON_BIN); returns (process, API base
+    URL) once it has written its address."""
     proc = subprocess.Popen(
-        [os.environ["BATON_BIN"], "run", "--kafka", BOOT, "--cluster", cluster, "--data-dir",
+        [binary or os.environ["BATON_BIN"], "run", "--kafka", BOOT, "--cluster", cluster, "--data-dir",
          data, "--http", "127.0.0.1:0", "--state-memory", state_memory, *extra],
         stdout=subprocess.DEVNULL, stderr=open(os.path.join(data, "baton.log"), "a"))
     addr = os.path.join(data, "baton.addr")

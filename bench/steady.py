@@ -17,6 +17,10 @@ same topic on the same broker, in alternating runs, with the CPU each process sp
   consumers with batched fetches, touching each record's key and nothing more, 2 of them, each
   over 4 partitions) reading the same topic, in the same rounds.
 
+With BATON_STEADY_VERSUS=<another baton binary> (`bench/run compare <rev>`), the second
+contender is that build instead of Kafka Streams, in the same alternating rounds, and no bare
+readers run: a change of baton's data path measured against the build before it.
+
 Run by bench/run (which starts the broker and builds what is needed); prints Markdown tables.
 """
 
@@ -47,7 +51,8 @@ PLUGIN = os.environ["BATON_WORD_COUNT"]
 # closes) against Kafka Streams' windowedBy(...).count().suppress(untilWindowCloses(...)).
 TOPOLOGY = os.environ.get("BATON_STEADY_TOPOLOGY", "count")
 WINDOW_MS, GRACE_MS = 1000, 200
-KSTREAMS_CP = os.environ["BATON_KSTREAMS_CP"]
+VERSUS = os.environ.get("BATON_STEADY_VERSUS")
+KSTREAMS_CP = os.environ.get("BATON_KSTREAMS_CP", "")
 BROKER_PID = int(open(os.environ["BATON_BROKER_PIDFILE"]).read().strip())
 RUN_ID = f"{os.getpid()}-{int(time.time())}"
 
@@ -110,10 +115,10 @@ def measure(proc, group, topic, label):
     }
 
 
-def run_baton(topic, guarantee, n):
+def run_baton(topic, guarantee, n, binary=None):
     data = tempfile.mkdtemp(prefix="baton-steady-")
     cluster = f"steady-{RUN_ID}-{n}"
-    proc, base = start_baton(data, cluster)
+    proc, base = start_baton(data, cluster, binary=binary)
     try:
         if TOPOLOGY == "windowed":
             http(base, "POST", "/api/v1/modules?name=windowed-count&version=1",
@@ -185,9 +190,10 @@ def main():
                for who in ("baton", "kstreams")}
     bare = []
     n = 0
+    other = ((lambda t, g, n: run_baton(t, g, n, VERSUS)) if VERSUS else run_kstreams)
     for r in range(ROUNDS):
         for g in ("exactly-once", "at-least-once"):
-            order = [("baton", run_baton), ("kstreams", run_kstreams)]
+            order = [("baton", run_baton), ("kstreams", other)]
             if (r + (g == "at-least-once")) % 2:
                 order.reverse()
             for who, run in order:
@@ -200,12 +206,31 @@ def main():
                 if res["total_secs"] < 30:
                     say(f"warning: the run lasted {res['total_secs']:.1f} s, under 30 s: "
                         "raise BATON_STEADY_RECORDS")
+        if VERSUS:
+            continue
         b = run_bare(topic)
         bare.append(b)
         say(f"round {r + 1} bare consumers: {b['rate']:,.0f} records/s, "
             f"{b['cpu_per_m']:.2f} CPU s per M")
 
     med = lambda xs, k: statistics.median(x[k] for x in xs)
+    if VERSUS:
+        print(f"\nword-count, this build against {VERSUS}: steady state, {N:,} records over "
+              f"{SLOTS} partitions, {KEYS:,} keys; median of {ROUNDS} alternating rounds\n")
+        print("| guarantee | before records/s | after records/s | after / before | "
+              "before CPU s / M | after CPU s / M | after / before CPU |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for g in ("exactly-once", "at-least-once"):
+            old, new = results[(g, "kstreams")], results[(g, "baton")]
+            print(f"| {g} | {med(old, 'rate'):,.0f} | {med(new, 'rate'):,.0f} | "
+                  f"{med(new, 'rate') / med(old, 'rate'):.3f} | {med(old, 'cpu_per_m'):.2f} | "
+                  f"{med(new, 'cpu_per_m'):.2f} | "
+                  f"{med(new, 'cpu_per_m') / med(old, 'cpu_per_m'):.3f} |")
+        print("\nevery run (records/s steady, before / after):")
+        for g in ("exactly-once", "at-least-once"):
+            print(f"- {g}: " + ", ".join(f"{a['rate']:,.0f} / {b['rate']:,.0f}" for a, b in
+                                         zip(results[(g, "kstreams")], results[(g, "baton")])))
+        return
     ceiling = med(bare, "rate")
     what = ("windowed-count (1 s tumbling windows, 200 ms grace, suppressed until closed)"
             if TOPOLOGY == "windowed" else "word-count (groupByKey().count())")
