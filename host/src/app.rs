@@ -20,7 +20,7 @@ use crate::state::StateEnv;
 use crate::transport::embedded::EmbeddedLog;
 use crate::transport::kafka::{KafkaConfig, KafkaTransport};
 use crate::transport::partitioner::partition_for_key;
-use crate::transport::{LogRecord, Record, TopicKind, Transport};
+use crate::transport::{Log, LogRecord, Record, TopicKind, Transport};
 
 /// Settings of a host.
 #[derive(Debug, Clone)]
@@ -91,9 +91,8 @@ pub struct Baton {
     pub(crate) config: HostConfig,
     pub(crate) control_topic: String,
     pub(crate) modules_topic: String,
-    pub(crate) transport: Arc<dyn Transport>,
-    pub(crate) embedded: Option<Arc<EmbeddedLog>>,
-    pub(crate) kafka: Option<Arc<KafkaTransport>>,
+    /// The log the host runs on (embedded or Kafka): one handle.
+    pub(crate) log: Log,
     pub(crate) state: Arc<StateEnv>,
     pub(crate) runtime: Arc<Runtime>,
     pub(crate) catalog: Mutex<Catalog>,
@@ -168,17 +167,15 @@ impl Baton {
         crate::cluster::check_host_id(&host_id).map_err(anyhow::Error::msg)?;
         let steps = Arc::new(crate::steps::Steps::from_env().map_err(anyhow::Error::msg)?);
         let address = Arc::new(RwLock::new(config.advertise.clone().unwrap_or_default()));
-        let (transport, embedded, kafka): (Arc<dyn Transport>, _, _) = match &config.kafka {
-            None => {
-                let log = Arc::new(EmbeddedLog::open(&config.data_dir.join("log"))?);
-                (log.clone(), Some(log), None)
-            }
+        let log = match &config.kafka {
+            None => Log::embedded(Arc::new(EmbeddedLog::open(&config.data_dir.join("log"))?)),
             Some(k) => {
                 let t = Arc::new(KafkaTransport::connect(k.clone())?);
                 tracing::info!(bootstrap = %k.bootstrap, "connected to Kafka");
-                (t.clone(), None, Some(t))
+                Log::kafka(t)
             }
         };
+        let transport = log.transport().clone();
         let state = Arc::new(StateEnv::new(config.state_memory));
         let runtime = Runtime::new(config.data_dir.join("compiled"))?;
         std::fs::create_dir_all(config.data_dir.join("modules"))?;
@@ -205,7 +202,7 @@ impl Baton {
         let log_catalog = Arc::new(Mutex::new(catalog.clone()));
         let baton = Arc::new_cyclic(|me| Baton {
             me: me.clone(),
-            resolver: if kafka.is_some() {
+            resolver: if log.is_kafka() {
                 Box::new(crate::query::ClusterResolver { me: me.clone() })
             } else {
                 Box::new(LocalResolver)
@@ -217,9 +214,7 @@ impl Baton {
             config,
             control_topic,
             modules_topic,
-            transport,
-            embedded,
-            kafka,
+            log,
             state,
             runtime,
             catalog: Mutex::new(Catalog::default()),
@@ -268,7 +263,7 @@ impl Baton {
         for p in pipelines {
             baton.start_or_record(Arc::new(p));
         }
-        if baton.kafka.is_some() {
+        if baton.log.is_kafka() {
             // Other hosts' changes, and the controller's assignments, from here on.
             let stop = baton.background_stop.clone();
             *log_catalog.lock() = shadow;
@@ -293,7 +288,7 @@ impl Baton {
 
     /// The transport (embedded log or Kafka).
     pub fn transport(&self) -> &Arc<dyn Transport> {
-        &self.transport
+        self.log.transport()
     }
 
     /// The shared state environment.
@@ -306,7 +301,7 @@ impl Baton {
     pub fn produce(&self, topic: &str, records: Vec<ProduceRecord>) -> Result<Vec<Produced>> {
         crate::control::names::check_user_topic(&self.config.cluster, topic)
             .map_err(Error::BadRequest)?;
-        let partitions = self.transport.partitions(topic)?.ok_or_else(|| {
+        let partitions = self.log.partitions(topic)?.ok_or_else(|| {
             Error::NotFound(format!(
                 "topic `{topic}` does not exist; create a pipeline that reads it first"
             ))
@@ -330,7 +325,7 @@ impl Baton {
         let mut out = vec![Produced { slot: 0, offset: 0 }; n];
         for (slot, recs) in by_slot {
             let (idx, recs): (Vec<usize>, Vec<Record>) = recs.into_iter().unzip();
-            let first = self.transport.append(topic, slot, &recs)?;
+            let first = self.log.append(topic, slot, &recs)?;
             for (j, i) in idx.into_iter().enumerate() {
                 out[i] = Produced {
                     slot,
@@ -350,7 +345,7 @@ impl Baton {
         limit: usize,
     ) -> Result<(Vec<LogRecord>, u64)> {
         let partitions = self
-            .transport
+            .log
             .partitions(topic)?
             .ok_or_else(|| Error::NotFound(format!("topic `{topic}` does not exist")))?;
         if slot >= partitions {
@@ -358,8 +353,8 @@ impl Baton {
                 "topic `{topic}` has {partitions} partitions; slot {slot} does not exist"
             )));
         }
-        let records = self.transport.read(topic, slot, offset, limit)?;
-        let end = self.transport.end_offset(topic, slot)?;
+        let records = self.log.read(topic, slot, offset, limit)?;
+        let end = self.log.end_offset(topic, slot)?;
         Ok((records, end))
     }
 
@@ -380,7 +375,7 @@ impl Baton {
             s
         });
         let membership: Box<dyn crate::cluster::Membership> =
-            match (&self.kafka, &self.config.kafka) {
+            match (self.log.as_kafka(), &self.config.kafka) {
                 (Some(k), Some(cfg)) => Box::new(crate::cluster::KafkaMembership::join(
                     k,
                     cfg,

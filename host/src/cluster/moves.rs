@@ -123,7 +123,7 @@ pub struct DrainRequest {
 impl Baton {
     /// A new move of `partition` to host `to`, checked against the catalog; not recorded.
     pub(crate) fn new_move(&self, partition: &str, to: &str) -> Result<MoveRecord> {
-        if self.kafka.is_none() {
+        if !self.log.is_kafka() {
             return Err(Error::BadRequest(
                 "moves need a cluster: this host runs on the embedded log, alone".into(),
             ));
@@ -430,7 +430,7 @@ impl Baton {
         m: &MoveRecord,
         replica: &Arc<Replica>,
     ) -> std::result::Result<Option<(f64, Vec<MoveStep>)>, String> {
-        let kafka = self.kafka.clone().ok_or("no Kafka")?;
+        let kafka = self.log.as_kafka().cloned().ok_or("no Kafka")?;
         let (record, assignment) = {
             let catalog = self.catalog.lock();
             (
@@ -912,7 +912,7 @@ impl Baton {
     /// loaded first), warm, and waits for the moves to end, for at most the handoff timeout.
     /// What is left when it ends stops and is given away cold by [`Baton::shutdown`].
     pub fn move_away(&self) {
-        if self.kafka.is_none() {
+        if !self.log.is_kafka() {
             return;
         }
         let others = self.live_others();

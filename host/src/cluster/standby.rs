@@ -37,7 +37,7 @@ impl Baton {
     /// another peer here (it runs, warms or is released here) gets no standby; a standby of a
     /// partition that starts here is stopped and joined by the session's start.
     pub(crate) fn follow_standbys(&self) {
-        if self.kafka.is_none() {
+        if !self.log.is_kafka() {
             return;
         }
         let wanted = self.wanted_standbys();
@@ -93,7 +93,11 @@ fn run_standby(
             return;
         }
         let outcome = (|| -> anyhow::Result<()> {
-            let kafka = b.kafka.clone().ok_or_else(|| anyhow::anyhow!("no Kafka"))?;
+            let kafka = b
+                .log
+                .as_kafka()
+                .cloned()
+                .ok_or_else(|| anyhow::anyhow!("no Kafka"))?;
             b.check_state_disk(partition).map_err(anyhow::Error::msg)?;
             let record = b
                 .catalog

@@ -429,7 +429,7 @@ impl Baton {
     /// them to the live host with the fewest partitions, at the next epoch, so that they start
     /// there at once rather than once the controller sees this host gone.
     pub(crate) fn hand_off(&self) {
-        if self.kafka.is_none() {
+        if !self.log.is_kafka() {
             return;
         }
         let others = self.live_others();
@@ -470,7 +470,7 @@ impl Baton {
             return Vec::new();
         };
         let all = crate::partition::supervisor::single_host_assignments(record);
-        if self.kafka.is_none() {
+        if !self.log.is_kafka() {
             return all;
         }
         catalog

@@ -40,7 +40,7 @@ impl Baton {
         let wake = self.control_wake.clone();
         // A reader that stays assigned where the transport has one (Kafka): records arrive as
         // they land, with no idle wait.
-        let mut tail = self.transport.tail(&topic, 0, from).unwrap_or_else(|e| {
+        let mut tail = self.log.tail(&topic, 0, from).unwrap_or_else(|e| {
             tracing::warn!("a reader of the control log: {e}; reading it a batch at a time");
             None
         });
@@ -53,7 +53,7 @@ impl Baton {
                     let read = match tail.as_mut() {
                         Some(t) => t.next(256, Duration::from_millis(50)),
                         None => match me.upgrade() {
-                            Some(baton) => baton.transport.read_from(&topic, 0, offset, 256),
+                            Some(baton) => baton.log.read_from(&topic, 0, offset, 256),
                             None => return,
                         },
                     };
@@ -109,7 +109,7 @@ impl Baton {
                     {
                         let shadow = baton.log_catalog.lock().clone();
                         match crate::control::log::write_snapshot(
-                            baton.transport.as_ref(),
+                            &*baton.log,
                             &topic,
                             &shadow,
                             offset,

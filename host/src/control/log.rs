@@ -38,7 +38,7 @@ impl Baton {
             )],
             timestamp: now_ms(),
         };
-        let at = self.transport.append(&self.control_topic, 0, &[record])?;
+        let at = self.log.append(&self.control_topic, 0, &[record])?;
         self.appended_to.fetch_max(at + 1, Ordering::SeqCst);
         Ok(at)
     }

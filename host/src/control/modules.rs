@@ -38,10 +38,10 @@ impl Baton {
         }
         let mut chunks: BTreeMap<usize, Vec<u8>> = BTreeMap::new();
         let mut count = None;
-        let end = self.transport.end_offset(&self.modules_topic, 0)?;
+        let end = self.log.end_offset(&self.modules_topic, 0)?;
         let mut offset = 0;
         while offset < end {
-            let records = self.transport.read(&self.modules_topic, 0, offset, 256)?;
+            let records = self.log.read(&self.modules_topic, 0, offset, 256)?;
             if records.is_empty() {
                 break;
             }
@@ -135,7 +135,7 @@ impl Baton {
                     headers: vec![],
                     timestamp: now_ms(),
                 };
-                self.transport
+                self.log
                     .append(&self.modules_topic, 0, std::slice::from_ref(&r))?;
             }
         }

@@ -75,7 +75,7 @@ impl Baton {
             .map(|t| (t.clone(), TopicKind::Data))
             .chain([(dlq.clone(), TopicKind::DeadLetters)])
             .collect();
-        if self.kafka.is_some() {
+        if self.log.is_kafka() {
             topics.extend(spec.state_stores().iter().map(|s| {
                 (
                     changelog_topic(&self.config.cluster, &spec.name, s),
@@ -84,7 +84,7 @@ impl Baton {
             }));
         }
         for (t, _) in &topics {
-            if let Some(actual) = self.transport.partitions(t)?
+            if let Some(actual) = self.log.partitions(t)?
                 && actual != spec.slots
             {
                 return Err(Error::Conflict(format!(
@@ -97,11 +97,11 @@ impl Baton {
         // A changelog that already holds records belongs to an earlier pipeline of this name:
         // restoring from it would start the new pipeline with someone else's state.
         for (t, kind) in &topics {
-            if *kind != TopicKind::Compacted || self.transport.partitions(t)?.is_none() {
+            if *kind != TopicKind::Compacted || self.log.partitions(t)?.is_none() {
                 continue;
             }
             for p in 0..spec.slots {
-                let end = self.transport.end_offset(t, p)?;
+                let end = self.log.end_offset(t, p)?;
                 if end > 0 {
                     return Err(Error::Conflict(format!(
                         "changelog topic `{t}` already holds records (partition {p} ends at offset {end}),                          left by an earlier pipeline named `{}`; delete the topic or use another pipeline name",
@@ -111,13 +111,13 @@ impl Baton {
             }
         }
         for (t, kind) in &topics {
-            self.transport.ensure_topic(t, spec.slots, *kind)?;
+            self.log.ensure_topic(t, spec.slots, *kind)?;
         }
         let mut start_offsets = BTreeMap::new();
         if spec.start == Start::Latest {
             for t in &spec.inputs {
                 let ends = (0..spec.slots)
-                    .map(|s| self.transport.end_offset(t, s))
+                    .map(|s| self.log.end_offset(t, s))
                     .collect::<Result<Vec<_>, _>>()?;
                 start_offsets.insert(t.clone(), ends);
             }
@@ -148,7 +148,7 @@ impl Baton {
             // controller gives a partition whose owner is gone to another). Assignments take
             // effect when read back, here as on every host.
             let mut last = None;
-            if self.kafka.is_some() {
+            if self.log.is_kafka() {
                 for a in self.initial_assignments(&record) {
                     match self.append_control(&ControlEvent::Assigned(a)) {
                         Ok(at) => last = Some(at),
@@ -281,12 +281,12 @@ impl Baton {
                 .state_stores()
                 .iter()
                 .map(|s| record.changelog_topic(s))
-                .filter(|_| self.kafka.is_some())
+                .filter(|_| self.log.is_kafka())
                 .collect();
             topics.push(record.dlq_topic());
             let purged = (|| -> Result<()> {
-                self.transport.delete_topics(&topics)?;
-                self.transport.delete_group(&record.group_id())?;
+                self.log.delete_topics(&topics)?;
+                self.log.delete_group(&record.group_id())?;
                 let dir = self.config.data_dir.join("state").join(name);
                 if dir.exists() {
                     std::fs::remove_dir_all(&dir)
@@ -349,7 +349,7 @@ impl Baton {
                 .get(&s)
                 .and_then(|r| r.last())
                 .map_or(0, |(_, to)| *to);
-            let end = self.transport.end_offset(&dlq, s)?;
+            let end = self.log.end_offset(&dlq, s)?;
             let (from, to) = (from.unwrap_or(done), to.unwrap_or(end).min(end));
             if from < done {
                 return Err(Error::Conflict(format!(

@@ -68,7 +68,7 @@ impl Baton {
         // Partitions on other hosts swap when their hosts follow the event; their reports come
         // with the hosts' load reports (once a second), within a second of clock skew.
         let remote = || -> Vec<SwapPartition> {
-            if self.kafka.is_none() {
+            if !self.log.is_kafka() {
                 return Vec::new();
             }
             self.partitions()

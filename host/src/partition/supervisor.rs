@@ -223,10 +223,10 @@ impl Baton {
         };
         for t in spec.outputs.iter().chain([&record.dlq_topic()]) {
             let partitions = self
-                .transport
+                .log
                 .partitions(t)?
                 .ok_or_else(|| anyhow::anyhow!("topic `{t}` is missing"))?;
-            let max_record_bytes = self.transport.max_record_bytes(t)?;
+            let max_record_bytes = self.log.max_record_bytes(t)?;
             limits.outputs.insert(
                 t.clone(),
                 OutputTopic {
@@ -235,19 +235,19 @@ impl Baton {
                 },
             );
         }
-        if self.kafka.is_some() {
+        if self.log.is_kafka() {
             for s in &spec.state_stores() {
                 let changelog = record.changelog_topic(s);
                 // Pipelines created before the host kept a store of its own lack its changelog.
                 if s == crate::control::pipeline::TIME_STORE
-                    && self.transport.partitions(&changelog)?.is_none()
+                    && self.log.partitions(&changelog)?.is_none()
                 {
-                    self.transport
+                    self.log
                         .ensure_topic(&changelog, spec.slots, TopicKind::Compacted)?;
                 }
                 limits
                     .changelog_record_bytes
-                    .push(self.transport.max_record_bytes(&changelog)?);
+                    .push(self.log.max_record_bytes(&changelog)?);
             }
         }
         let outputs = Arc::new(limits);
@@ -396,7 +396,7 @@ impl Baton {
         let (commands, inbox) = Inbox::channel();
         let io: IoFactory = {
             let (pipeline, id, slots) = (record.clone(), id.clone(), slots.clone());
-            match (&self.embedded, &self.kafka) {
+            match (self.log.as_embedded(), self.log.as_kafka()) {
                 (Some(log), _) => {
                     let log = log.clone();
                     Box::new(move || {
@@ -491,7 +491,7 @@ impl Baton {
     /// read back). On the embedded log, and for a pipeline no assignment
     /// names, it does.
     pub(crate) fn owns(&self, id: &str, read_back: bool) -> bool {
-        if self.kafka.is_none() {
+        if !self.log.is_kafka() {
             return true;
         }
         // A move's target just recorded its own assignment: the catalog has it already.
@@ -511,7 +511,7 @@ impl Baton {
         let deadline = std::time::Instant::now() + timeout;
         loop {
             let at = *self.control_offset.lock();
-            let next = match self.transport.read_from(&self.control_topic, 0, at, 1) {
+            let next = match self.log.read_from(&self.control_topic, 0, at, 1) {
                 Ok((r, next)) if r.is_empty() && next <= at => return,
                 Ok((r, next)) => r.first().map_or(next, |r| r.offset + 1),
                 Err(e) => {
@@ -538,7 +538,7 @@ impl Baton {
     /// reported it (this host's own live), at the epoch of its newest assignment.
     pub fn partitions(&self) -> Vec<PartitionInfo> {
         let local = self.local_partitions();
-        if self.kafka.is_none() {
+        if !self.log.is_kafka() {
             return local;
         }
         let assignments = self.catalog.lock().assignments.clone();

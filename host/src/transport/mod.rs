@@ -8,6 +8,66 @@ mod rdbatch;
 pub use crate::partitioner;
 pub use crate::record::Record;
 
+use std::sync::Arc;
+
+/// The log a host runs on, as one handle: the [`Transport`] every layer uses (through
+/// `Deref`), and the embedded log or the Kafka client behind it for what only one of them does
+/// (a partition's Kafka session, a move's warm replica, cluster membership).
+#[derive(Clone)]
+pub struct Log {
+    transport: Arc<dyn Transport>,
+    kafka: Option<Arc<kafka::KafkaTransport>>,
+    embedded: Option<Arc<embedded::EmbeddedLog>>,
+}
+
+impl Log {
+    /// The embedded log.
+    pub fn embedded(log: Arc<embedded::EmbeddedLog>) -> Self {
+        Log {
+            transport: log.clone(),
+            kafka: None,
+            embedded: Some(log),
+        }
+    }
+
+    /// A Kafka cluster.
+    pub fn kafka(k: Arc<kafka::KafkaTransport>) -> Self {
+        Log {
+            transport: k.clone(),
+            kafka: Some(k),
+            embedded: None,
+        }
+    }
+
+    /// The transport, shared.
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.transport
+    }
+
+    /// The Kafka client, on Kafka.
+    pub fn as_kafka(&self) -> Option<&Arc<kafka::KafkaTransport>> {
+        self.kafka.as_ref()
+    }
+
+    /// The embedded log, alone on it.
+    pub fn as_embedded(&self) -> Option<&Arc<embedded::EmbeddedLog>> {
+        self.embedded.as_ref()
+    }
+
+    /// Whether the host runs on Kafka (a cluster), not the embedded log.
+    pub fn is_kafka(&self) -> bool {
+        self.kafka.is_some()
+    }
+}
+
+impl std::ops::Deref for Log {
+    type Target = dyn Transport;
+
+    fn deref(&self) -> &Self::Target {
+        self.transport.as_ref()
+    }
+}
+
 /// A record with its position in a topic partition.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogRecord {
