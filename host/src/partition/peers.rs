@@ -557,14 +557,22 @@ impl Peers {
     /// The move of `replica` ended here without a session: the warming peer (or a take-over
     /// whose session did not start) is let go.
     pub(crate) fn end_warming(&self, replica: &Arc<Replica>) {
-        let mut map = self.map.lock();
-        let ends = match map.get(&replica.partition) {
-            Some(Peer::Warming(r)) | Some(Peer::TakingOver(r, _)) => Arc::ptr_eq(r, replica),
-            _ => false,
+        let ended = {
+            let mut map = self.map.lock();
+            let ends = match map.get(&replica.partition) {
+                Some(Peer::Warming(r)) | Some(Peer::TakingOver(r, _)) => Arc::ptr_eq(r, replica),
+                _ => false,
+            };
+            if !ends {
+                return;
+            }
+            let from = map.get(&replica.partition).map(Peer::state);
+            assert!(from.is_some_and(|f| allowed(f, PeerState::Stopped)));
+            map.remove(&replica.partition)
         };
-        if ends {
-            Self::set(&mut map, &replica.partition, None);
-        }
+        // A take-over's clients close here, not under the lock: closing Kafka clients takes
+        // a while, and every other peer waits on that lock.
+        drop(ended);
     }
 
     /// Starts a standby of `partition` with `start` (given its replica) unless a peer of it is
