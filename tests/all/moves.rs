@@ -54,6 +54,22 @@ async fn wait_abandoned(api: &baton_tests::Api, id: &str, why: &str) -> anyhow::
     Ok(abandoned)
 }
 
+/// Creates word-count over `input` as pipeline `wc` of one partition (wc-0) through `api`,
+/// and waits until it runs: its owner.
+async fn one_partition_word_count(api: &baton_tests::Api, input: &str) -> anyhow::Result<String> {
+    api.upload_plugin("word-count", "word-count", "1").await?;
+    api.create_pipeline(json!({
+        "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
+        "stores": ["counts"], "slots": 2, "partitions": 1
+    }))
+    .await?;
+    wait_for("the partition running", Duration::from_secs(60), || async {
+        let p = row(api, "wc-0").await?;
+        Ok((p["state"] == "running").then(|| p["owner"].as_str().unwrap_or_default().to_string()))
+    })
+    .await
+}
+
 /// Keyed records of `keys`, for a [`baton_tests::TestProducer`].
 fn records(keys: &[String]) -> Vec<(String, String)> {
     keys.iter().map(|k| (k.clone(), "x".into())).collect()
@@ -720,18 +736,7 @@ async fn two_move_requests_at_once_start_one_move_everywhere() -> anyhow::Result
     let c = member(dirs[2].path(), &cluster, "c").await?;
     wait_alive(&a.api, 3).await?;
     let input = baton_tests::unique("race-in");
-    a.api.upload_plugin("word-count", "word-count", "1").await?;
-    a.api
-        .create_pipeline(json!({
-            "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
-            "stores": ["counts"], "slots": 2, "partitions": 1
-        }))
-        .await?;
-    let owner = wait_for("the partition running", Duration::from_secs(60), || async {
-        let p = row(&a.api, "wc-0").await?;
-        Ok((p["state"] == "running").then(|| p["owner"].as_str().unwrap_or_default().to_string()))
-    })
-    .await?;
+    let owner = one_partition_word_count(&a.api, &input).await?;
     assert_eq!(
         owner, "a",
         "created on a with no partition anywhere: a owns it"
@@ -831,18 +836,7 @@ async fn a_move_to_a_host_over_its_disk_bound_is_abandoned_and_the_owner_goes_on
     };
     wait_alive(&a.api, 2).await?;
     let input = baton_tests::unique("disk-in");
-    a.api.upload_plugin("word-count", "word-count", "1").await?;
-    a.api
-        .create_pipeline(json!({
-            "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
-            "stores": ["counts"], "slots": 2, "partitions": 1
-        }))
-        .await?;
-    let owner = wait_for("the partition running", Duration::from_secs(60), || async {
-        let p = row(&a.api, "wc-0").await?;
-        Ok((p["state"] == "running").then(|| p["owner"].as_str().unwrap_or_default().to_string()))
-    })
-    .await?;
+    let owner = one_partition_word_count(&a.api, &input).await?;
     let producer = baton_tests::TestProducer::new()?;
     let keys = baton_tests::words(2_000, 100, 5);
     let recs: Vec<(String, String)> = keys.iter().map(|k| (k.clone(), "x".into())).collect();
