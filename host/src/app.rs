@@ -89,7 +89,6 @@ impl HostConfig {
 /// A baton host.
 pub struct Baton {
     pub(crate) config: HostConfig,
-    pub(crate) control_topic: String,
     pub(crate) modules_topic: String,
     /// The log the host runs on (embedded or Kafka): one handle.
     pub(crate) log: Log,
@@ -105,8 +104,6 @@ pub struct Baton {
     /// The catalog as the control log makes it, every record applied in log order (this
     /// host's own appends too, once read back): what decides between two hosts' appends.
     pub(crate) log_catalog: Arc<Mutex<Catalog>>,
-    /// Wakes the follower from its idle wait when an append is to be read back.
-    pub(crate) control_wake: Arc<crate::control::log::ControlWake>,
     /// Set when the host shuts down: assignments start nothing more.
     pub(crate) closing: AtomicBool,
     /// Protocol steps where tests hold a thread to inject a fault.
@@ -124,9 +121,9 @@ pub struct Baton {
     /// Itself, for the hooks partitions call back through.
     pub(crate) me: std::sync::Weak<Baton>,
     pub(crate) round_robin: AtomicU32,
-    /// Serialises control-plane changes: held only around a log append and its apply, never
-    /// across topic creation or module chunk appends.
-    pub(crate) control: Mutex<()>,
+    /// The control log: appends, read-backs, and the lock that serialises this host's
+    /// control-plane changes (never held across topic creation or module chunk appends).
+    pub(crate) control: crate::control::log::ControlLog,
     /// Pipeline names whose creation or deletion is in progress.
     pub(crate) creating: Mutex<std::collections::BTreeSet<String>>,
     /// Pipelines being deleted.
@@ -139,12 +136,6 @@ pub struct Baton {
     pub(crate) address: Arc<RwLock<String>>,
     /// The hosts of the cluster.
     pub(crate) membership: std::sync::OnceLock<Box<dyn crate::cluster::Membership>>,
-    /// The next control-log offset the follower reads (Kafka).
-    pub(crate) control_offset: Mutex<u64>,
-    /// Notified when `control_offset` moves.
-    pub(crate) control_read: parking_lot::Condvar,
-    /// The control-log offset after this host's last append.
-    pub(crate) appended_to: std::sync::atomic::AtomicU64,
     /// What the replay at start read.
     pub(crate) replay: crate::control::log::ReplayStats,
     /// Stops the follower and the controller.
@@ -212,7 +203,13 @@ impl Baton {
             replay_plans: RwLock::new(BTreeMap::new()),
             events: RwLock::new(BTreeMap::new()),
             config,
-            control_topic,
+            control: crate::control::log::ControlLog::new(
+                log.clone(),
+                control_topic.clone(),
+                host_id.clone(),
+                steps.clone(),
+                control_end,
+            ),
             modules_topic,
             log,
             state,
@@ -222,20 +219,15 @@ impl Baton {
             peers: Default::default(),
             assigning: Mutex::new(()),
             log_catalog: log_catalog.clone(),
-            control_wake: Default::default(),
             closing: AtomicBool::new(false),
             steps,
             round_robin: AtomicU32::new(0),
-            control: Mutex::new(()),
             creating: Mutex::new(Default::default()),
             deleting: Mutex::new(Default::default()),
             start_failures: RwLock::new(BTreeMap::new()),
             host_id,
             address,
             membership: std::sync::OnceLock::new(),
-            control_offset: Mutex::new(control_end),
-            control_read: parking_lot::Condvar::new(),
-            appended_to: std::sync::atomic::AtomicU64::new(control_end),
             replay,
             background_stop: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             background: Mutex::new(Vec::new()),
@@ -439,14 +431,20 @@ impl Baton {
 
     /// The next control-log offset this host's follower reads (how far it has applied the log).
     pub fn control_position(&self) -> u64 {
-        *self.control_offset.lock()
+        self.control.applied()
+    }
+
+    /// Holds the control lock, as a long admin call does (tests only: no partition may stall
+    /// behind it).
+    #[doc(hidden)]
+    pub fn hold_control_for_test(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.control.lock()
     }
 
     /// How far this host has seen the control log: what it read, and what it appended itself.
     /// A call it forwards to the controller runs only once the controller has read this far.
     pub(crate) fn control_seen(&self) -> u64 {
-        self.control_position()
-            .max(self.appended_to.load(Ordering::SeqCst))
+        self.control.seen()
     }
 
     /// What the control-log replay at start read.

@@ -16,6 +16,7 @@ fn references(word: &str) -> Option<&'static [&'static str]> {
         "HTTP" | "HTTP types" => &["crate::http", "axum"],
         "transport" => &["crate::transport"],
         "the control log" => &["crate::control::log"],
+        "app" => &["crate::app"],
         _ => return None,
     })
 }

@@ -690,3 +690,95 @@ async fn calls_that_change_the_catalog_run_on_the_controller_and_replay_starts_a
 fn controller_index(ids: &[&str], controller: &str) -> usize {
     ids.iter().position(|id| *id == controller).unwrap()
 }
+
+/// Two hosts that both take a catalog change at once (two controllers for a moment, while the
+/// controller changes) each check it against their own view, and both append: the order in the
+/// control log settles it, the same way on both. Of two registrations of one module version with
+/// other content, and of two creations of one pipeline name, the first in the log counts and the
+/// other caller hears 409; both hosts end with the same catalog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hosts_changing_the_catalog_at_once_agree_on_the_log_order() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dirs: Vec<_> = (0..2)
+        .map(|_| tempfile::tempdir())
+        .collect::<Result<_, _>>()?;
+    let cluster = cluster_name(dirs[0].path());
+    let a = member(dirs[0].path(), &cluster, "a").await?;
+    let b = member(dirs[1].path(), &cluster, "b").await?;
+    baton_tests::wait_alive(&a.api, 2).await?;
+
+    // One version, other content on each host; straight to each host, not through the API,
+    // which forwards catalog changes to the one controller.
+    let upload = |host: &InProcess, plugin: &'static str| {
+        let baton = host.baton.clone();
+        tokio::task::spawn_blocking(move || {
+            baton.upload_module("m", "1", &baton_tests::plugin_bytes(plugin))
+        })
+    };
+    let (ra, rb) = tokio::join!(upload(&a, "word-count"), upload(&b, "uppercase"));
+    let (ra, rb) = (ra?, rb?);
+    fn conflict<T>(r: &Result<T, baton::error::Error>) -> bool {
+        matches!(r, Err(baton::error::Error::Conflict(_)))
+    }
+    assert!(
+        ra.is_ok() != rb.is_ok() && (conflict(&ra) || conflict(&rb)),
+        "one registration counts, the other is a conflict: a {ra:?}; b {rb:?}"
+    );
+    let winner = ra
+        .as_ref()
+        .or(rb.as_ref())
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    for host in [&a, &b] {
+        let r = host.api.get("/api/v1/modules").await?;
+        let shas: Vec<&str> = r
+            .body
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|m| m["name"] == "m" && m["version"] == "1")
+            .filter_map(|m| m["sha256"].as_str())
+            .collect();
+        assert_eq!(shas, [winner.sha256.as_str()], "{}", r.body);
+    }
+
+    // One pipeline name, other inputs on each host.
+    let inputs = [
+        baton_tests::unique("agree-a"),
+        baton_tests::unique("agree-b"),
+    ];
+    let create = |host: &InProcess, input: &str| {
+        let baton = host.baton.clone();
+        let spec: baton::control::pipeline::PipelineSpec =
+            serde_json::from_value(serde_json::json!({
+                "name": "agree", "module": "m", "version": "1", "inputs": [input],
+                "slots": 2, "partitions": 1
+            }))
+            .expect("a valid spec");
+        tokio::task::spawn_blocking(move || baton.create_pipeline(spec))
+    };
+    let (ra, rb) = tokio::join!(create(&a, &inputs[0]), create(&b, &inputs[1]));
+    let (ra, rb) = (ra?, rb?);
+    assert!(
+        ra.is_ok() != rb.is_ok() && (conflict(&ra) || conflict(&rb)),
+        "one creation counts, the other is a conflict: a {ra:?}; b {rb:?}"
+    );
+    let input = if ra.is_ok() { &inputs[0] } else { &inputs[1] };
+    for host in [&a, &b] {
+        let r = host.api.get("/api/v1/pipelines/agree").await?;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        assert_eq!(r.body["inputs"], serde_json::json!([input]), "{}", r.body);
+    }
+    // And its one partition runs on one host, as both see it.
+    wait_for(
+        "one owner, seen by both",
+        Duration::from_secs(60),
+        || async {
+            let (ta, tb) = (table(&a.api).await?, table(&b.api).await?);
+            Ok((ta == tb && ta.len() == 1 && !ta[0].1.is_empty()).then_some(()))
+        },
+    )
+    .await?;
+    a.stop().await?;
+    b.stop().await?;
+    Ok(())
+}

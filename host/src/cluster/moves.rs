@@ -189,11 +189,11 @@ impl Baton {
     /// there from the partition's owner while no other move of it was under way (two requests
     /// that raced on two hosts start one move everywhere): else the request is refused.
     pub fn request_move(&self, partition: &str, to: &str) -> Result<String> {
-        self.catch_up_control(Duration::from_secs(2));
+        self.control.catch_up(Duration::from_secs(2));
         let (record, at) = {
             let _control = self.control.lock();
             let record = self.new_move(partition, to)?;
-            let at = self.append_control(&ControlEvent::Move(record.clone()))?;
+            let at = self.control.append(&ControlEvent::Move(record.clone()))?;
             (record, at)
         };
         if !self.read_back_until_stopped(at) {
@@ -357,7 +357,7 @@ impl Baton {
     fn append_and_read_back(&self, event: &ControlEvent, locked: bool) -> Result<bool> {
         let at = {
             let _control = locked.then(|| self.control.lock());
-            self.append_control(event)?
+            self.control.append(event)?
         };
         Ok(self.read_back_until_stopped(at))
     }
@@ -376,9 +376,9 @@ impl Baton {
     /// Waits until the follower has read the control log past `offset` (waking it first);
     /// false when the host stops first.
     fn read_back_until_stopped(&self, offset: u64) -> bool {
-        self.wake_control_follower();
+        self.control.wake_follower();
         let waited = Instant::now();
-        while !self.read_back(offset, Duration::from_secs(5)) {
+        while !self.control.read_back(offset, Duration::from_secs(5)) {
             if self.background_stop.load(Ordering::Relaxed) {
                 return false;
             }
@@ -582,9 +582,10 @@ impl Baton {
         self.steps.pass(crate::steps::MOVE_TAKE_OVER, &m.partition);
         let event = ControlEvent::Assigned(a.clone());
         let at = self
-            .append_control(&event)
+            .control
+            .append(&event)
             .map_err(|e| format!("recording the new owner: {e}"))?;
-        self.wake_control_follower();
+        self.control.wake_follower();
         marks.push(("assigned", Instant::now()));
 
         // The take-over takes effect when read back: the control log's order decides between
@@ -664,7 +665,7 @@ impl Baton {
     /// was pending committed, holds it stopped for the new owner, and answers the offsets
     /// committed.
     pub fn drain_for_move(&self, partition: &str, move_id: &str) -> Result<Drained> {
-        self.catch_up_control(Duration::from_secs(2));
+        self.control.catch_up(Duration::from_secs(2));
         let under_way = self.catalog.lock().move_under_way(partition).cloned();
         match under_way {
             Some(m) if m.id == move_id && m.from == self.host_id => {}
@@ -790,7 +791,7 @@ impl Baton {
         // It takes effect when read back, like every host's: this host's part (never to process
         // again at the epoch) is done already, and the target appends after it.
         let event = ControlEvent::Released(release.clone());
-        let at = self.append_control(&event).map_err(|e| e.to_string())?;
+        let at = self.control.append(&event).map_err(|e| e.to_string())?;
         Ok((at, release))
     }
 

@@ -398,7 +398,7 @@ impl Baton {
         let p = producer.as_ref().expect("set above");
         match self.write_events(p, events) {
             Ok(()) => {
-                self.wake_control_follower();
+                self.control.wake_follower();
                 true
             }
             Err(e) => {
@@ -413,7 +413,7 @@ impl Baton {
         p.begin_transaction()?;
         for c in events {
             let value = serde_json::to_vec(c)?;
-            let rec = BaseRecord::<(), [u8]>::to(&self.control_topic)
+            let rec = BaseRecord::<(), [u8]>::to(self.control.topic())
                 .partition(0)
                 .payload(&value);
             if let Err((e, _)) = p.send(rec) {
@@ -447,7 +447,7 @@ impl Baton {
         for a in plan(&pipelines, &current, &others) {
             let event = ControlEvent::Assigned(a.clone());
             // Takes effect when read back, here as everywhere.
-            match self.append_control(&event) {
+            match self.control.append(&event) {
                 Ok(_) => {
                     tracing::info!(partition = %a.partition, to = %a.owner, "handed off");
                 }

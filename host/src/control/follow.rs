@@ -1,8 +1,12 @@
-//! Following the control log: on Kafka every host tails `<cluster>.control` after its replay and
-//! applies what other hosts (and the controller) appended, with the same effects the host that
-//! appended it had: modules load, pipelines start and stop, swaps and settings reach the
-//! partitions, and assignments start and stop partitions here. Assignments, moves and
-//! releases take effect only this way, this host's own too: in log order, once read back.
+//! Following the control log, and the one way a control event takes effect on a host.
+//!
+//! Every event, this host's own and every other host's, takes effect through
+//! [`Baton::apply_event`], in log order: on Kafka when the follower reads it (an appender waits
+//! for that, [`Baton::commit_event`]); on the embedded log, which this host alone writes, right
+//! after its append, under the control lock, so the append's order is the log's. Its effects
+//! are the same everywhere: modules load, pipelines start and stop, swaps and settings reach
+//! the partitions, dead letters are replayed, and assignments and moves start and stop
+//! partitions here. An append changes nothing by itself.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,19 +14,29 @@ use std::time::Duration;
 
 use crate::app::Baton;
 use crate::control::{ControlEvent, parse_event};
+use crate::error::{Error, Result};
 use crate::partition::Settings;
 
 /// The header naming the host that appended a control event.
 pub const ORIGIN: &str = "baton.origin";
 
-/// Whether `event`, appended by this host, takes effect here only when the follower reads it
-/// back, in log order, like every other host's: the events of assignments and moves, which
-/// hosts must agree on. (This host applies its other events as it appends them.)
-pub(crate) fn only_read_back_applies(event: &ControlEvent) -> bool {
-    matches!(
-        event,
-        ControlEvent::Assigned(_) | ControlEvent::Move(_) | ControlEvent::Released(_)
-    )
+/// How long an appender waits for its event to be read back before it answers `Unavailable`.
+pub(crate) const READ_BACK_WAIT: Duration = Duration::from_secs(30);
+
+/// The kind of an event, for logs.
+fn event_kind(e: &ControlEvent) -> &'static str {
+    match e {
+        ControlEvent::Module(_) => "module",
+        ControlEvent::ModuleDeleted(_) => "module-deleted",
+        ControlEvent::Pipeline(_) => "pipeline",
+        ControlEvent::PipelineDeleted(_) => "pipeline-deleted",
+        ControlEvent::PipelineUpdated(_) => "pipeline-updated",
+        ControlEvent::Swap(_) => "swap",
+        ControlEvent::DeadLettersReplayed(_) => "dead-letters-replayed",
+        ControlEvent::Assigned(_) => "assigned",
+        ControlEvent::Move(_) => "move",
+        ControlEvent::Released(_) => "released",
+    }
 }
 
 impl Baton {
@@ -36,8 +50,8 @@ impl Baton {
         stop: Arc<AtomicBool>,
     ) -> std::io::Result<std::thread::JoinHandle<()>> {
         let me = Arc::downgrade(self);
-        let topic = self.control_topic.clone();
-        let wake = self.control_wake.clone();
+        let topic = self.control.topic().to_string();
+        let wake = self.control.waker();
         // A reader that stays assigned where the transport has one (Kafka): records arrive as
         // they land, with no idle wait.
         let mut tail = self.log.tail(&topic, 0, from).unwrap_or_else(|e| {
@@ -71,7 +85,7 @@ impl Baton {
                         // Past markers and aborted records, if that is all there was.
                         if next > offset {
                             offset = next;
-                            baton.set_control_offset(offset);
+                            baton.control.set_applied(offset);
                         }
                         drop(baton);
                         // A tail waited for records already.
@@ -82,19 +96,12 @@ impl Baton {
                     }
                     for r in records {
                         offset = r.offset + 1;
-                        let mine = r
-                            .record
-                            .headers
-                            .iter()
-                            .any(|(k, v)| k == ORIGIN && v == baton.host_id.as_bytes());
                         let bytes = r.record.value.unwrap_or_default();
                         match parse_event(&bytes) {
                             Ok(e) => {
                                 since_snapshot += 1;
                                 baton.log_catalog.lock().apply(e.clone());
-                                if !mine || only_read_back_applies(&e) {
-                                    baton.apply_followed(e);
-                                }
+                                baton.apply_event(e, r.offset);
                             }
                             Err(e) => tracing::error!(
                                 "control log record {} cannot be read, skipped: {e}",
@@ -103,7 +110,7 @@ impl Baton {
                         }
                     }
                     offset = offset.max(next);
-                    baton.set_control_offset(offset);
+                    baton.control.set_applied(offset);
                     if since_snapshot >= baton.config.control_snapshot_every.max(1)
                         && baton.is_controller()
                     {
@@ -125,24 +132,60 @@ impl Baton {
             })
     }
 
-    /// Applies an event read from the control log (another host's, or one of this host's own
-    /// that takes effect only when read back), with its effects here.
-    pub(crate) fn apply_followed(&self, event: ControlEvent) {
-        let _control = self.control.lock();
+    /// Appends `event` to the control log and has it take effect here: on Kafka once the
+    /// follower has read it back and applied it (with every event before it), on the embedded
+    /// log at once. Answers the event's offset; whether it counted at its place in the log the
+    /// caller reads from the catalog. An event not read back within [`READ_BACK_WAIT`] is
+    /// `Unavailable`: it is in the log and takes effect when the follower gets to it.
+    pub(crate) fn commit_event(&self, event: ControlEvent) -> Result<u64> {
+        let at = self.control.append(&event)?;
+        match self.log.as_embedded() {
+            Some(_) => {
+                self.log_catalog.lock().apply(event.clone());
+                self.apply_event(event, at);
+                self.control.set_applied(at + 1);
+            }
+            None => {
+                self.control.wake_follower();
+                if !self.control.read_back(at, READ_BACK_WAIT) {
+                    return Err(Error::Unavailable(format!(
+                        "the control-log event at offset {at} is recorded but not read back \
+                         after {} s; it takes effect when this host's follower reaches it",
+                        READ_BACK_WAIT.as_secs()
+                    )));
+                }
+            }
+        }
+        Ok(at)
+    }
+
+    /// Applies the control-log event at offset `at`, with its effects here: the one place an
+    /// event takes effect, whichever host appended it.
+    pub(crate) fn apply_event(&self, event: ControlEvent, at: u64) {
+        if !self.catalog.lock().applies(&event) {
+            tracing::info!(
+                at,
+                "control-log event {} does not count at its place in the log",
+                event_kind(&event)
+            );
+            return;
+        }
         match &event {
             ControlEvent::Module(m) => {
-                let loaded = self
-                    .module_bytes(&m.sha256)
-                    .and_then(|b| self.runtime.load(&b).map_err(|e| anyhow::anyhow!("{e}")));
-                match loaded {
-                    Ok(module) => {
-                        self.modules.write().insert(m.sha256.clone(), module);
+                if !self.modules.read().contains_key(&m.sha256) {
+                    let loaded = self
+                        .module_bytes(&m.sha256)
+                        .and_then(|b| self.runtime.load(&b).map_err(|e| anyhow::anyhow!("{e}")));
+                    match loaded {
+                        Ok(module) => {
+                            self.modules.write().insert(m.sha256.clone(), module);
+                        }
+                        Err(e) => tracing::error!(
+                            "module {} {} from the control log cannot be loaded: {e:#}",
+                            m.name,
+                            m.version
+                        ),
                     }
-                    Err(e) => tracing::error!(
-                        "module {} {} from the control log cannot be loaded: {e:#}",
-                        m.name,
-                        m.version
-                    ),
                 }
                 self.catalog.lock().apply(event);
             }
@@ -158,10 +201,22 @@ impl Baton {
             ControlEvent::Swap(s) => {
                 let module = self.modules.read().get(&s.sha256).cloned();
                 let target = self.targets.read().get(&s.pipeline).cloned();
+                let rollback = s.rollback_reason.is_some();
+                // The catalog first: once the partitions see the new generation, the catalog
+                // says why (an automatic rollback's reason).
+                self.catalog.lock().apply(event.clone());
                 if let (Some(module), Some(target)) = (module, target) {
-                    target.set(s.version.clone(), module);
+                    let version = match &event {
+                        ControlEvent::Swap(s) => s.version.clone(),
+                        _ => unreachable!(),
+                    };
+                    let generation = if rollback {
+                        target.set_back(version, module)
+                    } else {
+                        target.set(version, module)
+                    };
+                    target.made(at, generation);
                 }
-                self.catalog.lock().apply(event);
             }
             ControlEvent::PipelineUpdated(u) => {
                 let pipeline = u.pipeline.clone();
@@ -175,12 +230,14 @@ impl Baton {
                 if let (Some(spec), Some(target)) =
                     (spec, self.targets.read().get(&pipeline).cloned())
                 {
-                    target.set_settings(Settings::of(&spec));
+                    let generation = target.set_settings(Settings::of(&spec));
+                    target.made(at, generation);
                 }
             }
             ControlEvent::DeadLettersReplayed(r) => {
+                let ranges = self.catalog.lock().replay_ranges(r);
                 if let Some(plan) = self.replay_plans.read().get(&r.pipeline) {
-                    for range in &r.ranges {
+                    for range in &ranges {
                         plan.add(range.slot, range.from, range.to);
                     }
                 }

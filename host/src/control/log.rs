@@ -4,25 +4,69 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
+
 use crate::control::{Catalog, ControlEvent, now_ms};
 use crate::error::{Error, Result};
-use crate::transport::{Record, Transport};
+use crate::steps::Steps;
+use crate::transport::{Log, Record, Transport};
 
-use crate::app::Baton;
+/// The control log as a host uses it: appends (under the control lock, which serialises this
+/// host's control-plane changes), how far the follower has applied it, and read-backs. A narrow
+/// handle: what takes it needs nothing else of the host.
+pub struct ControlLog {
+    log: Log,
+    topic: String,
+    host_id: String,
+    steps: Arc<Steps>,
+    /// Serialises control-plane changes on this host: held around a change's check and its
+    /// append (and, for admin calls, its read-back), never by the follower.
+    lock: Mutex<()>,
+    /// The next offset the follower reads (everything before it is applied).
+    offset: Mutex<u64>,
+    /// Notified when `offset` moves.
+    read: Condvar,
+    /// The offset after this host's last append.
+    appended_to: AtomicU64,
+    /// Wakes the follower from its idle wait when an append is to be read back.
+    wake: Arc<ControlWake>,
+}
 
-impl Baton {
-    /// Holds the control lock, as a long admin call does (tests only: no partition may stall
-    /// behind it).
-    #[doc(hidden)]
-    pub fn hold_control_for_test(&self) -> parking_lot::MutexGuard<'_, ()> {
-        self.control.lock()
+impl ControlLog {
+    /// The control log `topic` on `log`, applied up to `end` (the replay's end) at start.
+    pub fn new(log: Log, topic: String, host_id: String, steps: Arc<Steps>, end: u64) -> Self {
+        ControlLog {
+            log,
+            topic,
+            host_id,
+            steps,
+            lock: Mutex::new(()),
+            offset: Mutex::new(end),
+            read: Condvar::new(),
+            appended_to: AtomicU64::new(end),
+            wake: Default::default(),
+        }
     }
 
-    /// Appends `event` to the control log; answers its offset.
-    pub(crate) fn append_control(&self, event: &ControlEvent) -> Result<u64> {
+    /// The topic (`<cluster>.control`).
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// Takes the control lock.
+    pub fn lock(&self) -> MutexGuard<'_, ()> {
+        self.lock.lock()
+    }
+
+    /// Appends `event` (headed with this host's id); answers its offset. It takes effect when
+    /// it is applied from the log, like every other event.
+    pub fn append(&self, event: &ControlEvent) -> Result<u64> {
         if self
             .steps
-            .injected(crate::steps::CONTROL_APPEND_FAILS, &self.control_topic)
+            .injected(crate::steps::CONTROL_APPEND_FAILS, &self.topic)
         {
             return Err(Error::Unavailable(
                 "control log append failed (injected)".into(),
@@ -38,35 +82,73 @@ impl Baton {
             )],
             timestamp: now_ms(),
         };
-        let at = self.log.append(&self.control_topic, 0, &[record])?;
+        let at = self.log.append(&self.topic, 0, &[record])?;
         self.appended_to.fetch_max(at + 1, Ordering::SeqCst);
         Ok(at)
     }
 
-    /// Has the control-log follower read the log now instead of after its idle wait: an
-    /// append is about to be read back.
-    pub(crate) fn wake_control_follower(&self) {
-        self.control_wake.wake();
+    /// Has the follower read the log now instead of after its idle wait: an append is about
+    /// to be read back.
+    pub fn wake_follower(&self) {
+        self.wake.wake();
     }
 
-    /// Waits until the control-log follower has applied the record at `offset` (to the
-    /// log-ordered catalog), for at most `timeout`; true when it has.
-    pub(crate) fn read_back(&self, offset: u64, timeout: Duration) -> bool {
+    /// What wakes the follower from its idle wait (it waits without holding the host).
+    pub(crate) fn waker(&self) -> Arc<ControlWake> {
+        self.wake.clone()
+    }
+
+    /// Waits until the follower has applied the record at `offset`, for at most `timeout`;
+    /// true when it has.
+    pub fn read_back(&self, offset: u64, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
-        let mut at = self.control_offset.lock();
+        let mut at = self.offset.lock();
         while *at <= offset {
-            if self.control_read.wait_until(&mut at, deadline).timed_out() {
+            if self.read.wait_until(&mut at, deadline).timed_out() {
                 return *at > offset;
             }
         }
         true
     }
 
-    /// Records that the follower applied the control log up to `offset` (exclusive), and wakes
-    /// whoever waits for a read-back.
-    pub(crate) fn set_control_offset(&self, offset: u64) {
-        *self.control_offset.lock() = offset;
-        self.control_read.notify_all();
+    /// Records that the follower applied the log up to `offset` (exclusive), and wakes whoever
+    /// waits for a read-back.
+    pub fn set_applied(&self, offset: u64) {
+        *self.offset.lock() = offset;
+        self.read.notify_all();
+    }
+
+    /// The next offset the follower reads (how far it has applied the log).
+    pub fn applied(&self) -> u64 {
+        *self.offset.lock()
+    }
+
+    /// How far this host has seen the log: what it applied, and what it appended itself.
+    pub fn seen(&self) -> u64 {
+        self.applied().max(self.appended_to.load(Ordering::SeqCst))
+    }
+
+    /// Waits until the follower has applied every record readable now, for at most `timeout`.
+    pub fn catch_up(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let at = self.applied();
+            let next = match self.log.read_from(&self.topic, 0, at, 1) {
+                Ok((r, next)) if r.is_empty() && next <= at => return,
+                Ok((r, next)) => r.first().map_or(next, |r| r.offset + 1),
+                Err(e) => {
+                    tracing::warn!("reading the control log: {e}");
+                    return;
+                }
+            };
+            while self.applied() < next {
+                if Instant::now() > deadline {
+                    tracing::warn!(next, "the control log is not followed to its end in time");
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
     }
 }
 

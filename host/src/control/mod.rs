@@ -446,6 +446,74 @@ mod tests {
         assert_eq!(c.assignments["p-0"].owner, "a", "one epoch: the smaller id");
     }
 
+    /// What two hosts may append at once, each after checking only its own view, is settled by
+    /// the order in the log: the first registration of a module version and the first creation
+    /// of a pipeline name count; a rollback counts only while its refused version still runs;
+    /// dead letters are replayed once even when two replays of one slot overlap.
+    #[test]
+    fn concurrent_admin_events_are_settled_by_their_order_in_the_log() {
+        let module = |sha: &str| {
+            ControlEvent::Module(ModuleRecord {
+                name: "m".into(),
+                version: "2".into(),
+                sha256: sha.into(),
+                size: 1,
+                wit: String::new(),
+                uploaded_at: 0,
+            })
+        };
+        let mut c = Catalog::default();
+        c.apply(module("aaa"));
+        assert!(
+            !c.applies(&module("bbb")),
+            "other content under a taken version"
+        );
+        assert!(c.applies(&module("aaa")), "the same content again");
+        c.apply(module("bbb"));
+        assert_eq!(c.modules[&("m".into(), "2".into())].sha256, "aaa");
+
+        let first = one_partition_pipeline();
+        let mut second = one_partition_pipeline();
+        second.spec.inputs = vec!["other".into()];
+        second.incarnation = Some(2);
+        c.apply(ControlEvent::Pipeline(Box::new(first.clone())));
+        assert!(!c.applies(&ControlEvent::Pipeline(Box::new(second.clone()))));
+        c.apply(ControlEvent::Pipeline(Box::new(second)));
+        assert_eq!(c.pipelines["p"].spec.inputs, first.spec.inputs);
+
+        let swap = |from: &str, to: &str, rollback: bool| {
+            ControlEvent::Swap(SwapRecord {
+                pipeline: "p".into(),
+                from: from.into(),
+                version: to.into(),
+                sha256: format!("sha-{to}"),
+                at: 0,
+                rollback_reason: rollback.then(|| "init failed".into()),
+            })
+        };
+        // Version 2 is refused and rolled back, but a swap to 3 came first in the log.
+        c.apply(swap("1", "2", false));
+        c.apply(swap("2", "3", false));
+        let late_rollback = swap("2", "1", true);
+        assert!(!c.applies(&late_rollback));
+        c.apply(late_rollback);
+        assert_eq!(c.pipelines["p"].spec.version, "3");
+        // A rollback of what runs counts.
+        c.apply(swap("3", "2", true));
+        assert_eq!(c.pipelines["p"].spec.version, "2");
+
+        let replay = |from: u64, to: u64| DeadLetterReplay {
+            pipeline: "p".into(),
+            ranges: vec![ReplayRange { slot: 0, from, to }],
+            at: 0,
+        };
+        c.apply(ControlEvent::DeadLettersReplayed(replay(0, 10)));
+        assert!(c.replay_ranges(&replay(5, 12)).is_empty(), "overlaps 0..10");
+        c.apply(ControlEvent::DeadLettersReplayed(replay(5, 12)));
+        c.apply(ControlEvent::DeadLettersReplayed(replay(10, 12)));
+        assert_eq!(c.pipelines["p"].replays[&0], vec![(0, 10), (10, 12)]);
+    }
+
     /// A control log as hosts of protocol 1 wrote it (no releases, take-overs without
     /// `after_release`, a move abandoned by its owner, two pipelines' assignments) replays into
     /// the catalog those hosts had: the single apply path reads old logs as they were meant.
@@ -729,8 +797,55 @@ impl Catalog {
 }
 
 impl Catalog {
+    /// Whether `e` takes effect at this point of the log. The events two hosts may append at
+    /// once, each after checking its own view, are settled here by their order, the same way on
+    /// every host: the first registration of a module version and the first creation of a
+    /// pipeline name count, a later one of other content does not; an automatic rollback counts
+    /// only while the pipeline still runs the version it refused (a swap that came before it in
+    /// the log is not undone). Assignments, moves and releases are settled in [`Catalog::apply`].
+    pub fn applies(&self, e: &ControlEvent) -> bool {
+        match e {
+            ControlEvent::Module(m) => self
+                .modules
+                .get(&(m.name.clone(), m.version.clone()))
+                .is_none_or(|old| old.sha256 == m.sha256),
+            ControlEvent::Pipeline(p) => !self.pipelines.contains_key(&p.spec.name),
+            ControlEvent::Swap(s) if s.rollback_reason.is_some() => self
+                .pipelines
+                .get(&s.pipeline)
+                .is_some_and(|p| p.spec.version == s.from),
+            _ => true,
+        }
+    }
+
+    /// The ranges of a dead-letter replay that count at this point of the log: each must start
+    /// at or after the end of the slot's last replay, so that no dead letter is replayed twice
+    /// even when two hosts recorded overlapping replays at once.
+    pub fn replay_ranges(&self, r: &DeadLetterReplay) -> Vec<ReplayRange> {
+        let Some(p) = self.pipelines.get(&r.pipeline) else {
+            return Vec::new();
+        };
+        let mut done: BTreeMap<u32, u64> = p
+            .replays
+            .iter()
+            .map(|(slot, rs)| (*slot, rs.last().map_or(0, |(_, to)| *to)))
+            .collect();
+        let mut out = Vec::new();
+        for range in &r.ranges {
+            let end = done.entry(range.slot).or_insert(0);
+            if range.from >= *end && range.from < range.to {
+                *end = range.to;
+                out.push(range.clone());
+            }
+        }
+        out
+    }
+
     /// Applies one event.
     pub fn apply(&mut self, e: ControlEvent) {
+        if !self.applies(&e) {
+            return;
+        }
         match e {
             ControlEvent::Module(m) => {
                 self.modules.insert((m.name.clone(), m.version.clone()), m);
@@ -839,8 +954,9 @@ impl Catalog {
                 }
             }
             ControlEvent::DeadLettersReplayed(r) => {
+                let ranges = self.replay_ranges(&r);
                 if let Some(p) = self.pipelines.get_mut(&r.pipeline) {
-                    for range in r.ranges {
+                    for range in ranges {
                         p.replays
                             .entry(range.slot)
                             .or_default()

@@ -151,11 +151,23 @@ impl Baton {
         if let Some(answer) = conflict(&self.catalog.lock()) {
             return answer;
         }
-        self.append_control(&ControlEvent::Module(record.clone()))?;
-        self.modules.write().insert(module.sha256.clone(), module);
-        self.catalog
-            .lock()
-            .apply(ControlEvent::Module(record.clone()));
+        // Compiled already: when the event is applied, here as on every host, it finds the
+        // module loaded.
+        self.modules
+            .write()
+            .entry(module.sha256.clone())
+            .or_insert_with(|| module.clone());
+        self.commit_event(ControlEvent::Module(record.clone()))?;
+        // Another host may have registered other content under this version first, in the log.
+        match conflict(&self.catalog.lock()) {
+            Some(Ok(_)) => {}
+            Some(Err(e)) => return Err(e),
+            None => {
+                return Err(Error::Internal(format!(
+                    "module {name} version {version} was recorded but is not in the catalog"
+                )));
+            }
+        }
         tracing::info!(name, version, sha256 = %record.sha256, "module registered");
         Ok(record)
     }
@@ -197,9 +209,7 @@ impl Baton {
             version: version.to_string(),
             at: now_ms(),
         };
-        let event = ControlEvent::ModuleDeleted(deletion.clone());
-        self.append_control(&event)?;
-        self.catalog.lock().apply(event);
+        self.commit_event(ControlEvent::ModuleDeleted(deletion.clone()))?;
         Ok(deletion)
     }
 

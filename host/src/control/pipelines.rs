@@ -137,40 +137,54 @@ impl Baton {
                     .unwrap_or(0),
             ),
         };
-        let assigned = {
-            // The log's or nobody's: applied only once appended.
+        // The log's or nobody's: the pipeline exists once its event is read back, and starts
+        // here then, as on every host (a failure to start is its phase, not the call's).
+        {
             let _g = self.control.lock();
-            self.append_control(&ControlEvent::Pipeline(Box::new(record.clone())))?;
-            self.catalog
-                .lock()
-                .apply(ControlEvent::Pipeline(Box::new(record.clone())));
-            // On Kafka its partitions get owners now, spread over the live hosts (the
-            // controller gives a partition whose owner is gone to another). Assignments take
-            // effect when read back, here as on every host.
+            self.commit_event(ControlEvent::Pipeline(Box::new(record.clone())))?;
+        }
+        // Another host may have created a pipeline of this name first, in the log.
+        let ours = self
+            .catalog
+            .lock()
+            .pipelines
+            .get(&record.spec.name)
+            .is_some_and(|p| p.incarnation == record.incarnation);
+        if !ours {
+            return Err(Error::Conflict(format!(
+                "pipeline `{}` was created by another host at the same time; this creation \
+                 does not count",
+                record.spec.name
+            )));
+        }
+        if self.log.is_kafka() {
+            // Its partitions get owners now, spread over the live hosts (the controller gives
+            // a partition whose owner is gone to another). Assignments take effect when read
+            // back, here as on every host: the partitions start then.
             let mut last = None;
-            if self.log.is_kafka() {
+            {
+                let _g = self.control.lock();
                 for a in self.initial_assignments(&record) {
-                    match self.append_control(&ControlEvent::Assigned(a)) {
+                    match self.control.append(&ControlEvent::Assigned(a)) {
                         Ok(at) => last = Some(at),
                         // The controller assigns what is left unassigned.
                         Err(e) => tracing::warn!("assigning a new partition: {e}"),
                     }
                 }
             }
-            last
-        };
-        if let Some(at) = assigned {
-            self.wake_control_follower();
-            // Not read back in time: the partitions start here when they are.
-            if !self.read_back(at, std::time::Duration::from_secs(10)) {
-                tracing::warn!(
-                    pipeline = %record.spec.name,
-                    "the new partitions' assignments are not read back from the control log yet"
-                );
+            if let Some(at) = last {
+                self.control.wake_follower();
+                if !self
+                    .control
+                    .read_back(at, std::time::Duration::from_secs(10))
+                {
+                    tracing::warn!(
+                        pipeline = %record.spec.name,
+                        "the new partitions' assignments are not read back from the control log yet"
+                    );
+                }
             }
         }
-        // The pipeline exists now; a failure to start is its phase, not the call's.
-        self.start_or_record(Arc::new(record.clone()));
         Ok(self.pipeline_info(&record))
     }
 
@@ -262,10 +276,9 @@ impl Baton {
                 purge,
                 at: now_ms(),
             };
+            // Read back, it stops the pipeline's partitions, here as on every host.
             let _g = self.control.lock();
-            let event = ControlEvent::PipelineDeleted(deletion.clone());
-            self.append_control(&event)?;
-            self.catalog.lock().apply(event);
+            self.commit_event(ControlEvent::PipelineDeleted(deletion.clone()))?;
             Ok(deletion)
         };
         // First the deletion (the partitions stop, the name stays taken), then the purge, which
@@ -273,7 +286,6 @@ impl Baton {
         let mut deletion = None;
         if live {
             deletion = Some(record_event(false)?);
-            self.stop_pipeline(name);
         }
         if purge {
             let mut topics: Vec<String> = record
@@ -335,10 +347,11 @@ impl Baton {
             Some(s) => vec![s],
             None => (0..record.spec.slots).collect(),
         };
-        let plan =
-            self.replay_plans.read().get(name).cloned().ok_or_else(|| {
-                Error::Unavailable(format!("pipeline `{name}` is not running here"))
-            })?;
+        if !self.replay_plans.read().contains_key(name) {
+            return Err(Error::Unavailable(format!(
+                "pipeline `{name}` is not running here"
+            )));
+        }
         let dlq = record.dlq_topic();
         let _g = self.control.lock();
         let record = self.pipeline(name)?;
@@ -367,11 +380,20 @@ impl Baton {
             at: now_ms(),
         };
         if !replay.ranges.is_empty() {
-            let event = ControlEvent::DeadLettersReplayed(replay.clone());
-            self.append_control(&event)?;
-            self.catalog.lock().apply(event);
-            for r in &replay.ranges {
-                plan.add(r.slot, r.from, r.to);
+            self.commit_event(ControlEvent::DeadLettersReplayed(replay.clone()))?;
+            // A replay another host recorded at the same time may have come first in the log.
+            let record = self.pipeline(name)?;
+            let counted = replay.ranges.iter().all(|r| {
+                record
+                    .replays
+                    .get(&r.slot)
+                    .is_some_and(|rs| rs.contains(&(r.from, r.to)))
+            });
+            if !counted {
+                return Err(Error::Conflict(format!(
+                    "another replay of pipeline `{name}`'s dead letters was recorded at the same \
+                     time and overlaps this one; this one does not count"
+                )));
             }
             tracing::info!(pipeline = name, ranges = ?replay.ranges, "replaying dead letters");
         }
@@ -471,13 +493,14 @@ impl Baton {
                 ))
             })?;
         }
-        let generation = {
-            let event = ControlEvent::PipelineUpdated(update);
-            self.append_control(&event)?;
-            self.catalog.lock().apply(event);
-            target.set_settings(settings)
-        };
+        // Read back, it reaches the partitions, here as on every host.
+        let at = self.commit_event(ControlEvent::PipelineUpdated(update))?;
         drop(control);
+        let Some(generation) = target.made_by(at) else {
+            // The pipeline stopped here, or changed again at once.
+            let record = self.pipeline(name)?;
+            return Ok((self.pipeline_info(&record), false));
+        };
         tracing::info!(pipeline = name, generation, "pipeline settings changed");
         let parts = self.pipeline_partitions(name);
         let deadline = Instant::now() + wait;

@@ -24,9 +24,11 @@ impl Baton {
                     spec.module, spec.module
                 ))
             })?;
-            let module = self.modules.read().get(&sha256).cloned().ok_or_else(|| {
-                Error::Internal(format!("module {sha256} is in the catalog but not loaded"))
-            })?;
+            if !self.modules.read().contains_key(&sha256) {
+                return Err(Error::Internal(format!(
+                    "module {sha256} is in the catalog but not loaded"
+                )));
+            }
             let target = self.targets.read().get(pipeline).cloned().ok_or_else(|| {
                 Error::Unavailable(format!("pipeline `{pipeline}` is not running here"))
             })?;
@@ -49,10 +51,15 @@ impl Baton {
                 at: now_ms(),
                 rollback_reason: None,
             });
-            self.append_control(&event)?;
-            self.catalog.lock().apply(event);
+            // Read back, it reaches the partitions, here as on every host.
+            let at = self.commit_event(event)?;
             tracing::info!(pipeline, from = %spec.version, version, "hot swap requested");
-            (target.set(version.into(), module), target)
+            let generation = target.made_by(at).ok_or_else(|| {
+                Error::Unavailable(format!(
+                    "pipeline `{pipeline}` stopped running here while the swap was recorded"
+                ))
+            })?;
+            (generation, target)
         };
         let requested = now_ms();
         let parts = self.pipeline_partitions(pipeline);
@@ -139,8 +146,8 @@ impl Baton {
             drop(self.control.lock());
         }
         if reason.is_none() && target.generation() != generation {
-            // An automatic rollback holds the control lock from moving the target until it is
-            // recorded: once the lock is ours, its reason is in the catalog.
+            // A change takes the catalog before the partitions: once the target moved on, an
+            // automatic rollback's reason is in the catalog.
             drop(self.control.lock());
             reason = self
                 .pipeline(pipeline)
@@ -214,6 +221,11 @@ impl Baton {
         let Some(back) = target.rollback_target(generation) else {
             return true;
         };
+        if self.pipeline(pipeline).map(|p| p.spec.version).ok() != Some(from.clone()) {
+            // A change recorded in the log has not reached the partitions yet: it supersedes
+            // the refused version.
+            return true;
+        }
         tracing::warn!(pipeline, from = %from, to = %back.version, "automatic rollback: {reason}");
         let current = target.get();
         let event =
@@ -240,16 +252,27 @@ impl Baton {
                 })
             };
         // The log's or nobody's: without the record, the pipeline stays on the new version,
-        // which each partition keeps refusing on its own until a rollback is recorded.
-        if let Err(e) = self.append_control(&event) {
-            tracing::error!(
-                pipeline,
-                "recording the rollback in the control log failed (retrying): {e}"
-            );
-            return false;
+        // which each partition keeps refusing on its own until a rollback is recorded. Read
+        // back, it takes the partitions back, here as on every host, unless a change recorded
+        // before it in the log superseded the refused version (then a retry does not count
+        // either).
+        match self.commit_event(event) {
+            Ok(at) => {
+                if target.made_by(at).is_none() {
+                    tracing::info!(
+                        pipeline,
+                        "the rollback came after a newer change in the log"
+                    );
+                }
+                true
+            }
+            Err(e) => {
+                tracing::error!(
+                    pipeline,
+                    "recording the rollback in the control log failed (retrying): {e}"
+                );
+                false
+            }
         }
-        target.roll_back(generation);
-        self.catalog.lock().apply(event);
-        true
     }
 }

@@ -496,37 +496,13 @@ impl Baton {
         }
         // A move's target just recorded its own assignment: the catalog has it already.
         if !read_back {
-            self.catch_up_control(std::time::Duration::from_secs(5));
+            self.control.catch_up(std::time::Duration::from_secs(5));
         }
         self.catalog
             .lock()
             .assignments
             .get(id)
             .is_none_or(|a| a.owner == self.host_id)
-    }
-
-    /// Waits until the control-log follower has applied every record readable now, for at most
-    /// `timeout`.
-    pub(crate) fn catch_up_control(&self, timeout: std::time::Duration) {
-        let deadline = std::time::Instant::now() + timeout;
-        loop {
-            let at = *self.control_offset.lock();
-            let next = match self.log.read_from(&self.control_topic, 0, at, 1) {
-                Ok((r, next)) if r.is_empty() && next <= at => return,
-                Ok((r, next)) => r.first().map_or(next, |r| r.offset + 1),
-                Err(e) => {
-                    tracing::warn!("reading the control log: {e}");
-                    return;
-                }
-            };
-            while *self.control_offset.lock() < next {
-                if std::time::Instant::now() > deadline {
-                    tracing::warn!(next, "the control log is not followed to its end in time");
-                    return;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-        }
     }
 
     /// The running partitions with their live status (for metrics).

@@ -52,7 +52,14 @@ pub struct ModuleTarget {
     generation: AtomicU64,
     current: Mutex<Target>,
     previous: Mutex<Option<Target>>,
+    /// The generations the last changes made, by the control-log offset of the event that
+    /// asked for each: how the host that appended a change learns, once it is read back, which
+    /// generation its partitions report on.
+    made: Mutex<VecDeque<(u64, u64)>>,
 }
+
+/// How many changes [`ModuleTarget`] remembers the generation of.
+const MADE_KEPT: usize = 64;
 
 /// One generation of a [`ModuleTarget`].
 #[derive(Clone)]
@@ -79,7 +86,27 @@ impl ModuleTarget {
                 settings,
             }),
             previous: Mutex::new(None),
+            made: Mutex::new(VecDeque::new()),
         })
+    }
+
+    /// Notes that the control-log event at offset `at` made `generation`.
+    pub fn made(&self, at: u64, generation: u64) {
+        let mut made = self.made.lock();
+        made.push_back((at, generation));
+        while made.len() > MADE_KEPT {
+            made.pop_front();
+        }
+    }
+
+    /// The generation the control-log event at offset `at` made, if it made one here (and not
+    /// too many changes ago).
+    pub fn made_by(&self, at: u64) -> Option<u64> {
+        self.made
+            .lock()
+            .iter()
+            .find(|(offset, _)| *offset == at)
+            .map(|(_, g)| *g)
     }
 
     /// The current generation (a cheap check per batch).
@@ -103,6 +130,15 @@ impl ModuleTarget {
         cur.generation
     }
 
+    /// Goes back to `version`, refused `generation`'s predecessor, as an automatic rollback
+    /// recorded in the control log asks; returns the new generation. There is nothing to go
+    /// back to from there.
+    pub fn set_back(&self, version: String, module: Module) -> u64 {
+        let generation = self.set(version, module);
+        *self.previous.lock() = None;
+        generation
+    }
+
     /// Asks for the same version with other settings; returns the new generation.
     pub fn set_settings(&self, settings: Arc<Settings>) -> u64 {
         let mut cur = self.current.lock();
@@ -121,23 +157,6 @@ impl ModuleTarget {
             return None;
         }
         self.previous.lock().clone()
-    }
-
-    /// Goes back to the version before `generation`, if the pipeline is still at `generation`
-    /// (an automatic rollback must not undo a newer swap). Returns the version gone back to.
-    pub fn roll_back(&self, generation: u64) -> Option<Target> {
-        let mut cur = self.current.lock();
-        if cur.generation != generation {
-            // Something newer was asked for: keep what it would roll back to.
-            return None;
-        }
-        let previous = self.previous.lock().take()?;
-        cur.generation += 1;
-        cur.version = previous.version.clone();
-        cur.module = previous.module.clone();
-        cur.settings = previous.settings.clone();
-        self.generation.store(cur.generation, Ordering::Release);
-        Some(cur.clone())
     }
 }
 
