@@ -14,7 +14,7 @@ use crate::control::{Catalog, PipelineRecord, now_ms};
 use crate::error::{Error, Result};
 pub use crate::partition::supervisor::PartitionHandle;
 use crate::partition::{EventLog, ModuleTarget, ReplayPlan, TaskConfig};
-use crate::query::{LocalResolver, OwnerResolver};
+use crate::query::LocalResolver;
 use crate::runtime::{Module, NativeModule, Runtime};
 use crate::state::StateEnv;
 use crate::transport::embedded::EmbeddedLog;
@@ -94,10 +94,10 @@ pub struct Baton {
     pub(crate) log: Log,
     pub(crate) state: Arc<StateEnv>,
     pub(crate) runtime: Arc<Runtime>,
-    pub(crate) catalog: Mutex<Catalog>,
+    pub(crate) catalog: Arc<Mutex<Catalog>>,
     pub(crate) modules: RwLock<BTreeMap<String, Module>>,
     /// What this host is for each partition: one peer each, in one state.
-    pub(crate) peers: crate::partition::peers::Peers,
+    pub(crate) peers: Arc<crate::partition::peers::Peers>,
     /// Held while partitions start and stop: two callers that find one partition not running
     /// must not both start a loop for it.
     pub(crate) assigning: Mutex<()>,
@@ -116,8 +116,10 @@ pub struct Baton {
     pub(crate) replay_plans: RwLock<BTreeMap<String, Arc<ReplayPlan>>>,
     /// Per pipeline: recent events.
     pub(crate) events: RwLock<BTreeMap<String, Arc<EventLog>>>,
-    /// Who owns a slot (always this host for now).
-    pub(crate) resolver: Box<dyn OwnerResolver>,
+    /// This host's standby replicas.
+    pub(crate) standbys: Arc<crate::cluster::standby::Standbys>,
+    /// State lookups and scans, sent to the host that owns a slot.
+    pub(crate) queries: crate::query::Queries,
     /// Itself, for the hooks partitions call back through.
     pub(crate) me: std::sync::Weak<Baton>,
     pub(crate) round_robin: AtomicU32,
@@ -191,13 +193,48 @@ impl Baton {
         // and for the decisions hosts must agree on, read back from the log.
         let shadow = catalog.clone();
         let log_catalog = Arc::new(Mutex::new(catalog.clone()));
+        let catalog_handle = Arc::new(Mutex::new(Catalog::default()));
+        let peers = Arc::new(crate::partition::peers::Peers::default());
+        let background_stop = Arc::new(AtomicBool::new(false));
         let baton = Arc::new_cyclic(|me| Baton {
             me: me.clone(),
-            resolver: if log.is_kafka() {
-                Box::new(crate::query::ClusterResolver { me: me.clone() })
-            } else {
-                Box::new(LocalResolver)
+            standbys: {
+                let me = me.clone();
+                crate::cluster::standby::Standbys::new(
+                    host_id.clone(),
+                    catalog_handle.clone(),
+                    peers.clone(),
+                    log.as_kafka().cloned(),
+                    state.clone(),
+                    config.data_dir.join("state"),
+                    background_stop.clone(),
+                    Box::new(move |partition| match me.upgrade() {
+                        Some(b) => b.check_state_disk(partition),
+                        None => Err("the host stopped".into()),
+                    }),
+                )
             },
+            queries: crate::query::Queries::new(
+                catalog_handle.clone(),
+                peers.clone(),
+                host_id.clone(),
+                if log.is_kafka() {
+                    let me = me.clone();
+                    Box::new(crate::query::ClusterResolver::new(
+                        catalog_handle.clone(),
+                        host_id.clone(),
+                        Box::new(move |id| {
+                            let b: Arc<Baton> = me.upgrade()?;
+                            b.hosts()
+                                .into_iter()
+                                .find(|h| h.id == id)
+                                .map(|h| h.address)
+                        }),
+                    ))
+                } else {
+                    Box::new(LocalResolver)
+                },
+            ),
             runs: RwLock::new(BTreeMap::new()),
             targets: RwLock::new(BTreeMap::new()),
             replay_plans: RwLock::new(BTreeMap::new()),
@@ -214,9 +251,9 @@ impl Baton {
             log,
             state,
             runtime,
-            catalog: Mutex::new(Catalog::default()),
+            catalog: catalog_handle,
             modules: RwLock::new(BTreeMap::new()),
-            peers: Default::default(),
+            peers,
             assigning: Mutex::new(()),
             log_catalog: log_catalog.clone(),
             closing: AtomicBool::new(false),
@@ -229,7 +266,7 @@ impl Baton {
             address,
             membership: std::sync::OnceLock::new(),
             replay,
-            background_stop: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            background_stop,
             background: Mutex::new(Vec::new()),
             pauses: Mutex::new(Default::default()),
         });
@@ -266,6 +303,11 @@ impl Baton {
         }
         tracing::info!(data_dir = %baton.config.data_dir.display(), "baton host open");
         Ok(baton)
+    }
+
+    /// State lookups and scans.
+    pub fn queries(&self) -> &crate::query::Queries {
+        &self.queries
     }
 
     /// The protocol steps where a test holds this host's threads to inject a fault.
@@ -476,7 +518,7 @@ impl Baton {
         // Committed and stopped: their next owners may start now.
         self.hand_off();
         for p in self.peers.standbys() {
-            self.stop_standby(&p);
+            self.standbys.stop(&p);
         }
         self.background_stop.store(true, Ordering::Relaxed);
         let threads: Vec<_> = self.background.lock().drain(..).collect();

@@ -3,11 +3,14 @@
 
 use std::sync::Arc;
 
-use crate::app::{Baton, PartitionHandle};
-use crate::control::PipelineRecord;
+use parking_lot::Mutex;
+
+use crate::control::{Catalog, PipelineRecord};
 use crate::error::{Error, Result};
 use crate::http::model::{Lookup, LookupMatch, ScanPage};
 use crate::partition::Phase;
+use crate::partition::peers::Peers;
+use crate::partition::supervisor::PartitionHandle;
 use crate::state::slot_key;
 
 /// Where a slot's state lives, as an [`OwnerResolver`] answers.
@@ -41,18 +44,31 @@ impl OwnerResolver for LocalResolver {
     }
 }
 
+/// The base URL of a host of the cluster, by its id, as membership knows it.
+pub type AddressOf = Box<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
 /// The resolver of a cluster on Kafka: a slot's owner is the host its partition is assigned
 /// to, reached at the address it reports.
 pub struct ClusterResolver {
-    pub(crate) me: std::sync::Weak<Baton>,
+    catalog: Arc<Mutex<Catalog>>,
+    host_id: String,
+    address_of: AddressOf,
+}
+
+impl ClusterResolver {
+    /// Over the host's catalog; `address_of` finds another host's address.
+    pub fn new(catalog: Arc<Mutex<Catalog>>, host_id: String, address_of: AddressOf) -> Self {
+        ClusterResolver {
+            catalog,
+            host_id,
+            address_of,
+        }
+    }
 }
 
 impl OwnerResolver for ClusterResolver {
     fn owner(&self, pipeline: &str, slot: u32) -> Owner {
-        let Some(b) = self.me.upgrade() else {
-            return Owner::Local;
-        };
-        let owner = b
+        let owner = self
             .catalog
             .lock()
             .assignments
@@ -60,13 +76,8 @@ impl OwnerResolver for ClusterResolver {
             .find(|a| a.pipeline == pipeline && a.slots[0] <= slot && slot < a.slots[1])
             .map(|a| a.owner.clone());
         match owner {
-            Some(host) if host != b.host_id => {
-                let url = b
-                    .hosts()
-                    .into_iter()
-                    .find(|h| h.id == host)
-                    .map(|h| h.address)
-                    .unwrap_or_default();
+            Some(host) if host != self.host_id => {
+                let url = (self.address_of)(&host).unwrap_or_default();
                 Owner::Remote { host, url }
             }
             _ => Owner::Local,
@@ -74,7 +85,40 @@ impl OwnerResolver for ClusterResolver {
     }
 }
 
-impl Baton {
+/// State queries over the host's catalog and its partitions' databases, sent to the owning
+/// host where another one owns a slot. Narrow handles: it needs nothing else of the host.
+pub struct Queries {
+    catalog: Arc<Mutex<Catalog>>,
+    peers: Arc<Peers>,
+    host_id: String,
+    resolver: Box<dyn OwnerResolver>,
+}
+
+impl Queries {
+    /// Queries answered from `peers`' partitions, with `resolver` saying who owns a slot.
+    pub fn new(
+        catalog: Arc<Mutex<Catalog>>,
+        peers: Arc<Peers>,
+        host_id: String,
+        resolver: Box<dyn OwnerResolver>,
+    ) -> Self {
+        Queries {
+            catalog,
+            peers,
+            host_id,
+            resolver,
+        }
+    }
+
+    fn pipeline(&self, name: &str) -> Result<PipelineRecord> {
+        self.catalog
+            .lock()
+            .pipelines
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("pipeline `{name}` does not exist")))
+    }
+
     /// Looks up `key` in `store` of `pipeline`: `Ok(None)` when the key is missing. Without
     /// `slot`, the slots the pipeline's partitioner allows are read (with `any`, the murmur2
     /// slot first, then every other), and every slot holding the key is in `matches`.

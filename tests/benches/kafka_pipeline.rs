@@ -685,6 +685,7 @@ fn main() -> Result<()> {
     );
     for (key, want) in expected.iter().take(50) {
         let got = baton
+            .queries()
             .lookup("wc-wasm-eos", "counts", key.as_bytes(), None)
             .map_err(|e| anyhow::anyhow!("{e}"))?
             .and_then(|l| l.value_i64);

@@ -255,7 +255,7 @@ impl Baton {
                     self.follow_assignments(&m.pipeline);
                 }
             }
-            MovePhase::Abandoned | MovePhase::Done => self.follow_standbys(),
+            MovePhase::Abandoned | MovePhase::Done => self.standbys.follow(),
             _ => {}
         }
     }

@@ -5,18 +5,68 @@
 //! first live standby, whose session then restores only the last records.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use crate::app::Baton;
-use crate::partition::peers::{Replica, Standby};
-use crate::partition::tail::Tail;
+use parking_lot::Mutex;
 
-impl Baton {
+use crate::control::Catalog;
+use crate::partition::peers::{Peers, Replica, Standby};
+use crate::partition::tail::Tail;
+use crate::state::StateEnv;
+use crate::transport::kafka::KafkaTransport;
+
+/// Refuses a replica of a partition when this host's disk bound would break, with the reason.
+pub type DiskCheck = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+/// This host's standby replicas. Narrow handles: the catalog says which partitions want one
+/// here, the peers keep them, the state environment opens their databases.
+pub struct Standbys {
+    host_id: String,
+    catalog: Arc<Mutex<Catalog>>,
+    peers: Arc<Peers>,
+    /// `None` on the embedded log, where a host has no standbys.
+    kafka: Option<Arc<KafkaTransport>>,
+    state: Arc<StateEnv>,
+    /// `<data dir>/state`: a partition's database is `<pipeline>/<partition>` under it.
+    state_dir: PathBuf,
+    /// The host stops.
+    stopping: Arc<AtomicBool>,
+    check_disk: DiskCheck,
+    me: Weak<Standbys>,
+}
+
+impl Standbys {
+    /// The standbys of host `host_id`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        host_id: String,
+        catalog: Arc<Mutex<Catalog>>,
+        peers: Arc<Peers>,
+        kafka: Option<Arc<KafkaTransport>>,
+        state: Arc<StateEnv>,
+        state_dir: PathBuf,
+        stopping: Arc<AtomicBool>,
+        check_disk: DiskCheck,
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|me| Standbys {
+            host_id,
+            catalog,
+            peers,
+            kafka,
+            state,
+            state_dir,
+            stopping,
+            check_disk,
+            me: me.clone(),
+        })
+    }
+
     /// The partitions this host should keep a standby of: named in their assignment, not
     /// owned here, with no move to this host under way, of a pipeline known here.
-    pub(crate) fn wanted_standbys(&self) -> BTreeMap<String, (String, [u32; 2])> {
+    pub(crate) fn wanted(&self) -> BTreeMap<String, (String, [u32; 2])> {
         let catalog = self.catalog.lock();
         catalog
             .assignments
@@ -36,14 +86,14 @@ impl Baton {
     /// Starts and stops this host's standbys to match the assignments. A partition with
     /// another peer here (it runs, warms or is released here) gets no standby; a standby of a
     /// partition that starts here is stopped and joined by the session's start.
-    pub(crate) fn follow_standbys(&self) {
-        if !self.log.is_kafka() {
+    pub(crate) fn follow(&self) {
+        if self.kafka.is_none() {
             return;
         }
-        let wanted = self.wanted_standbys();
+        let wanted = self.wanted();
         for p in self.peers.standbys() {
             if !wanted.contains_key(&p) {
-                self.stop_standby(&p);
+                self.stop(&p);
             }
         }
         for (partition, (pipeline, slots)) in wanted {
@@ -68,7 +118,7 @@ impl Baton {
     }
 
     /// Stops this host's standby of `partition`, if any, and waits for its thread.
-    pub(crate) fn stop_standby(&self, partition: &str) {
+    pub(crate) fn stop(&self, partition: &str) {
         if self.peers.stop_standby(partition) {
             tracing::info!(partition, "standby stopped");
         }
@@ -78,27 +128,22 @@ impl Baton {
 /// A standby's loop: tails the partition's changelogs into its RocksDB here until stopped,
 /// starting over after an error.
 fn run_standby(
-    me: std::sync::Weak<Baton>,
+    me: Weak<Standbys>,
     replica: &Replica,
     pipeline: &str,
     slots: [u32; 2],
     stop: &AtomicBool,
 ) {
     let partition = replica.partition.as_str();
-    let stopped =
-        |b: &Baton| stop.load(Ordering::Relaxed) || b.background_stop.load(Ordering::Relaxed);
+    let stopped = |b: &Standbys| stop.load(Ordering::Relaxed) || b.stopping.load(Ordering::Relaxed);
     loop {
         let Some(b) = me.upgrade() else { return };
         if stopped(&b) {
             return;
         }
         let outcome = (|| -> anyhow::Result<()> {
-            let kafka = b
-                .log
-                .as_kafka()
-                .cloned()
-                .ok_or_else(|| anyhow::anyhow!("no Kafka"))?;
-            b.check_state_disk(partition).map_err(anyhow::Error::msg)?;
+            let kafka = b.kafka.clone().ok_or_else(|| anyhow::anyhow!("no Kafka"))?;
+            (b.check_disk)(partition).map_err(anyhow::Error::msg)?;
             let record = b
                 .catalog
                 .lock()
@@ -106,7 +151,7 @@ fn run_standby(
                 .get(pipeline)
                 .cloned()
                 .ok_or_else(|| anyhow::anyhow!("pipeline `{pipeline}` is gone"))?;
-            let path = b.partition_path(pipeline, partition);
+            let path = b.state_dir.join(pipeline).join(partition);
             let db = b.state.open_shared(&path, &record.spec.state_stores())?;
             let mut tail = Tail::open(&kafka, &record, slots[0]..slots[1], &db)?;
             replica.behind.store(tail.behind(), Ordering::Relaxed);
@@ -117,7 +162,7 @@ fn run_standby(
                     replica.behind.store(tail.refresh()?, Ordering::Relaxed);
                     refreshed = Instant::now();
                     // Not wanted any more (the pipeline went, say): ends by itself.
-                    if !b.wanted_standbys().contains_key(partition) {
+                    if !b.wanted().contains_key(partition) {
                         break;
                     }
                 }
@@ -127,7 +172,7 @@ fn run_standby(
         })();
         // Stopped, or not wanted any more.
         if let Err(e) = outcome {
-            if !b.wanted_standbys().contains_key(partition) {
+            if !b.wanted().contains_key(partition) {
                 return;
             }
             tracing::warn!(partition, "standby: {e:#}; starting over in 5 s");

@@ -274,7 +274,7 @@ impl Baton {
     /// assignments.
     pub(crate) fn follow_assignments(&self, pipeline: &str) {
         // A standby of a partition this host now owns stops before the partition starts.
-        self.follow_standbys();
+        self.standbys.follow();
         if !self.runs.read().contains_key(pipeline) {
             return;
         }

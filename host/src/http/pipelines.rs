@@ -145,7 +145,12 @@ async fn lookup(
     let axum::extract::Query(q) = query
         .map_err(|e| ApiError::from(e).with_hint("the only parameter is slot, a slot number"))?;
     let k = key.clone();
-    let found = blocking(move || baton.lookup(&pipeline, &store, k.as_bytes(), q.slot)).await?;
+    let found = blocking(move || {
+        baton
+            .queries()
+            .lookup(&pipeline, &store, k.as_bytes(), q.slot)
+    })
+    .await?;
     Ok(match found {
         Some(l) => Json(l).into_response(),
         None => {
@@ -230,7 +235,7 @@ async fn scan(
         )));
     }
     let page = blocking(move || {
-        baton.scan(
+        baton.queries().scan(
             &pipeline,
             &store,
             q.prefix.as_bytes(),

@@ -291,7 +291,7 @@ impl Baton {
         });
         self.runs.write().insert(spec.name.clone(), run);
         self.assign(&spec.name, &self.local_assignments(&spec.name))?;
-        self.follow_standbys();
+        self.standbys.follow();
         Ok(())
     }
 
