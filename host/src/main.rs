@@ -369,6 +369,7 @@ fn run(args: RunArgs, token: Option<String>) -> anyhow::Result<()> {
             replication_factor: args.replication_factor.or(file.replication_factor),
             min_insync_replicas: args.min_insync_replicas.or(file.min_insync_replicas),
             input_stall: None,
+            commit_hang: None,
         });
     } else {
         anyhow::ensure!(args.kafka_config.is_empty(), "--kafka-config needs --kafka");

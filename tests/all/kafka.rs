@@ -666,6 +666,53 @@ async fn an_input_consumer_that_stops_delivering_is_made_again() -> anyhow::Resu
     host.stop().await
 }
 
+/// A commit that never returns (librdkafka's `send_offsets_to_transaction` can wait for ever
+/// for a group coordinator it lost after a broker restart; here a hold at the commit's first
+/// step stands in for it) is given up after the commit bound: the session fails with a reason
+/// naming it, the next one makes new clients (whose producer fences the stuck one), nothing the
+/// stuck commit does later reaches RocksDB, and the counts stay exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_that_never_returns_is_given_up() -> anyhow::Result<()> {
+    let _k = kafka_lock().await;
+    let dir = tempfile::tempdir()?;
+    let (host, name, input) = word_count_on_kafka_configured(dir.path(), 2, 1, |c| {
+        if let Some(k) = c.kafka.as_mut() {
+            k.commit_hang = Some(Duration::from_secs(3));
+        }
+    })
+    .await?;
+    let producer = TestProducer::new()?;
+    let keys = words(4_000, 200, 41);
+    let recs: Vec<_> = keys.iter().map(|k| (k.clone(), "1".to_string())).collect();
+    producer.send(&input, 2, &recs[..2_000]).await?;
+    host.api
+        .wait_caught_up(&name, 2_000, Duration::from_secs(60))
+        .await?;
+
+    let stuck = host.baton.steps().hold(baton::steps::COMMIT_SEND, None);
+    producer.send(&input, 2, &recs[2_000..]).await?;
+    let error = wait_for(
+        "the stuck commit given up",
+        Duration::from_secs(60),
+        || async {
+            let parts = host.api.partitions().await?;
+            Ok(parts
+                .iter()
+                .filter(|p| p["pipeline"] == name.as_str())
+                .find_map(|p| p["last_error"].as_str().map(str::to_string))
+                .filter(|e| e.contains("did not finish within")))
+        },
+    )
+    .await?;
+    assert!(error.contains("given up"), "{error}");
+    drop(stuck);
+    host.api
+        .wait_caught_up(&name, 4_000, Duration::from_secs(60))
+        .await?;
+    assert_counts(&host.api, &name, &count(keys.iter().map(String::as_str))).await?;
+    host.stop().await
+}
+
 /// A new pipeline whose changelog topic already holds records (left by an earlier pipeline of
 /// the same name) is refused instead of starting from someone else's state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -226,9 +226,14 @@ impl KafkaIo {
             .map(|s| pipeline.changelog_topic(s))
             .collect();
         let group = consumer.group_metadata()?;
+        let hang = transport
+            .config()
+            .commit_hang
+            .unwrap_or(crate::transport::kafka::COMMIT_HANG);
         let committer = Committer::start(
             id,
             deferred_init,
+            hang,
             CommitterState {
                 producer,
                 offsets_in_transaction: eos,
@@ -239,6 +244,7 @@ impl KafkaIo {
                 seq: Default::default(),
                 steps: steps.clone(),
                 id: id.to_string(),
+                given_up: Default::default(),
             },
         )?;
         let sources = Sources {
@@ -661,6 +667,9 @@ struct CommitterState {
     /// The host's holds ([`crate::steps::COMMIT_SEND`]), and the partition's id.
     steps: Arc<crate::steps::Steps>,
     id: String,
+    /// Set, under its lock, when the session gave the commit in flight up: from then on this
+    /// thread writes nothing to RocksDB, which the next session uses.
+    given_up: Arc<parking_lot::Mutex<bool>>,
 }
 
 /// Who commits, for the record of each commit a test asks for ([`crate::steps::COMMITS_ENV`]).
@@ -690,15 +699,22 @@ struct Committer {
     /// Whether the input offsets go in the transaction (exactly-once), or are committed by
     /// the session's consumer once the transaction is (at-least-once).
     offsets_in_transaction: bool,
+    /// When the commit in flight was started.
+    started: Option<Instant>,
+    /// How long a commit may take ([`crate::transport::kafka::COMMIT_HANG`]).
+    hang: Duration,
+    /// The committer thread's [`CommitterState::given_up`].
+    given_up: Arc<parking_lot::Mutex<bool>>,
 }
 
 impl Committer {
     /// With `init`, the thread first registers the transactional producer
     /// (`init_transactions`); every commit fails with its error if that fails.
-    fn start(id: &str, init: bool, state: CommitterState) -> anyhow::Result<Self> {
+    fn start(id: &str, init: bool, hang: Duration, state: CommitterState) -> anyhow::Result<Self> {
         let (jobs, rx) = mpsc::sync_channel::<Job>(1);
         let (tx, done) = mpsc::sync_channel(1);
         let offsets_in_transaction = state.offsets_in_transaction;
+        let given_up = state.given_up.clone();
         let thread = std::thread::Builder::new()
             .name(format!("baton-commit-{id}"))
             .spawn(move || {
@@ -730,6 +746,9 @@ impl Committer {
             busy: false,
             result: None,
             offsets_in_transaction,
+            started: None,
+            hang,
+            given_up,
         })
     }
 
@@ -741,11 +760,16 @@ impl Committer {
             .send(job)
             .map_err(|_| anyhow::anyhow!("the committer has stopped"))?;
         self.busy = true;
+        self.started = Some(Instant::now());
         Ok(())
     }
 
     fn ready(&mut self) -> bool {
         if !self.busy || self.result.is_some() {
+            return true;
+        }
+        if self.started.is_some_and(|s| s.elapsed() >= self.hang) {
+            // Taken by `finish`, which gives it up.
             return true;
         }
         match self.done.try_recv() {
@@ -766,12 +790,26 @@ impl Committer {
             return Ok(());
         }
         self.busy = false;
-        match self.result.take() {
-            Some(r) => r,
-            None => self
-                .done
-                .recv()
-                .unwrap_or_else(|_| Err(anyhow::anyhow!("the committer stopped"))),
+        if let Some(r) = self.result.take() {
+            return r;
+        }
+        let waited = self.started.map_or(Duration::ZERO, |s| s.elapsed());
+        match self.done.recv_timeout(self.hang.saturating_sub(waited)) {
+            Ok(r) => r,
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Err(anyhow::anyhow!("the committer stopped"))
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // Whatever the stuck call does later, RocksDB is the next session's; and the
+                // next session's producer fences this one, so its transaction cannot commit.
+                *self.given_up.lock() = true;
+                Err(anyhow::anyhow!(
+                    "a commit did not finish within {}s (librdkafka can wait for ever for a \
+                     group coordinator it lost, after a broker restart): it is given up and the \
+                     partition's clients are made again",
+                    self.hang.as_secs_f64()
+                ))
+            }
         }
     }
 }
@@ -782,6 +820,11 @@ impl Drop for Committer {
         // session must not find RocksDB written under it.
         self.jobs = None;
         if let Some(t) = self.thread.take() {
+            if *self.given_up.lock() {
+                // Stuck in a call that may never return: left to end on its own, if ever.
+                tracing::warn!("a committer stuck in a Kafka call is left behind");
+                return;
+            }
             let _ = t.join();
         }
     }
@@ -868,7 +911,14 @@ impl CommitterState {
                 ));
             }
         }
+        // Not once the session gave this commit up: the next session owns the database.
+        let given_up = self.given_up.lock();
+        anyhow::ensure!(
+            !*given_up,
+            "the session gave this commit up: RocksDB is not written"
+        );
         job.db.commit(batch.writes.sorted(), &meta)?;
+        drop(given_up);
         Ok(())
     }
 }

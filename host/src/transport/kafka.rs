@@ -39,7 +39,16 @@ pub struct KafkaConfig {
     /// How long a partition's input slot may have records to read and deliver none before the
     /// session reopens its clients; `None` is [`INPUT_STALL`].
     pub input_stall: Option<Duration>,
+    /// How long a partition's commit may take before its session gives it up and makes its
+    /// clients again; `None` is [`COMMIT_HANG`].
+    pub commit_hang: Option<Duration>,
 }
+
+/// How long a commit may take before its session gives it up. Each of a commit's Kafka calls
+/// times out after a minute, but librdkafka's `send_offsets_to_transaction` can wait forever for
+/// a group coordinator it lost (librdkafka issues 5456 and 5511; seen here after a broker
+/// restart): without a bound of its own, the partition would stop for good, with no error.
+pub const COMMIT_HANG: Duration = Duration::from_secs(90);
 
 /// How long an input slot may have records to read and deliver none, while its partition
 /// fetches, before the session reopens its clients: librdkafka's assigned consumers have been
