@@ -111,12 +111,7 @@ impl Queries {
     }
 
     fn pipeline(&self, name: &str) -> Result<PipelineRecord> {
-        self.catalog
-            .lock()
-            .pipelines
-            .get(name)
-            .cloned()
-            .ok_or_else(|| Error::NotFound(format!("pipeline `{name}` does not exist")))
+        self.catalog.lock().pipeline(name)
     }
 
     /// Looks up `key` in `store` of `pipeline`: `Ok(None)` when the key is missing. Without

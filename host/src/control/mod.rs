@@ -729,6 +729,13 @@ pub struct Catalog {
 }
 
 impl Catalog {
+    /// Pipeline `name`'s record, or the API's 404 naming it.
+    pub fn pipeline(&self, name: &str) -> crate::error::Result<PipelineRecord> {
+        self.pipelines.get(name).cloned().ok_or_else(|| {
+            crate::error::Error::NotFound(format!("pipeline `{name}` does not exist"))
+        })
+    }
+
     /// The move of `partition` under way (not done nor abandoned), if any.
     pub fn move_under_way(&self, partition: &str) -> Option<&MoveRecord> {
         self.moves

@@ -415,12 +415,7 @@ impl Baton {
 
     /// One pipeline.
     pub fn pipeline(&self, name: &str) -> Result<PipelineRecord> {
-        self.catalog
-            .lock()
-            .pipelines
-            .get(name)
-            .cloned()
-            .ok_or_else(|| Error::NotFound(format!("pipeline `{name}` does not exist")))
+        self.catalog.lock().pipeline(name)
     }
 
     /// Changes a running pipeline's limits, config, swap policy or WASI grants: checked (the
