@@ -46,7 +46,7 @@ use crate::control::{
     PipelineRecord, ReleaseRecord, now_ms,
 };
 use crate::error::{Error, Result};
-use crate::http::model::{ReplicaInfo, Role};
+use crate::http::model::Role;
 use crate::partition::kafka::Prepared;
 use crate::partition::peers::{PeerState, Replica};
 use crate::partition::tail::Tail;
@@ -252,7 +252,7 @@ impl Baton {
                     // Taken over (the session here is let go), or abandoned before the
                     // release counted (it goes on at its epoch).
                     self.peers.unrelease(&m.partition);
-                    self.follow_assignments(&m.pipeline);
+                    self.supervisor.follow_assignments(&m.pipeline);
                 }
             }
             MovePhase::Abandoned | MovePhase::Done => self.standbys.follow(),
@@ -298,8 +298,8 @@ impl Baton {
     fn released_in_vain(&self, partition: &str, move_id: &str) -> bool {
         self.released_epoch(partition, move_id).is_some()
             && self
-                .log_catalog
-                .lock()
+                .control
+                .ordered()
                 .assignments
                 .get(partition)
                 .is_some_and(|a| a.owner == self.host_id)
@@ -308,8 +308,8 @@ impl Baton {
     /// The epoch this host released `partition` at for move `move_id`, if the move was
     /// abandoned after that release, in log order.
     fn released_epoch(&self, partition: &str, move_id: &str) -> Option<u64> {
-        self.log_catalog
-            .lock()
+        self.control
+            .ordered()
             .moves
             .get(partition)
             .and_then(|ms| ms.iter().find(|m| m.id == move_id))
@@ -325,7 +325,7 @@ impl Baton {
     fn resume_released(&self, partition: &str, pipeline: &str, move_id: &str) {
         let released = self.released_epoch(partition, move_id).unwrap_or(0);
         loop {
-            let a = self.log_catalog.lock().assignments.get(partition).cloned();
+            let a = self.control.ordered().assignments.get(partition).cloned();
             // Not this host's any more, or assigned to it again already.
             let Some(a) = a.filter(|a| a.owner == self.host_id && a.epoch <= released) else {
                 break;
@@ -349,7 +349,7 @@ impl Baton {
             partition,
             "the move was abandoned after the release: resuming at the next epoch"
         );
-        self.follow_assignments(pipeline);
+        self.supervisor.follow_assignments(pipeline);
     }
 
     /// Appends `event` (under the control lock when `locked`) and waits until the follower has
@@ -452,7 +452,7 @@ impl Baton {
         // (one writer at a time), and a session of the partition that starts here from now on
         // supersedes it.
         self.peers.warm(&m.partition, replica.clone())?;
-        let path = self.partition_path(&m.pipeline, &m.partition);
+        let path = self.supervisor.partition_path(&m.pipeline, &m.partition);
         let db = self
             .state
             .open_shared(&path, &record.spec.state_stores())
@@ -597,8 +597,8 @@ impl Baton {
             return Err("the host stops".into());
         }
         let won = self
-            .log_catalog
-            .lock()
+            .control
+            .ordered()
             .assignments
             .get(&m.partition)
             .is_some_and(|x| x.owner == self.host_id && x.epoch == epoch);
@@ -610,7 +610,7 @@ impl Baton {
             );
         }
         marks.push(("read-back", Instant::now()));
-        self.follow_assignments(&m.pipeline);
+        self.supervisor.follow_assignments(&m.pipeline);
         // Clients the session did not take (it could not start) are let go.
         self.peers.end_warming(replica);
         marks.push(("started", Instant::now()));
@@ -986,11 +986,6 @@ impl Baton {
         );
     }
 
-    /// The replicas this host keeps, as rows of the partition table.
-    pub(crate) fn local_replicas(&self) -> Vec<(String, ReplicaInfo)> {
-        self.peers.replicas(&self.host_id)
-    }
-
     /// Refuses a replica of `partition` here when this host's state on disk, with the
     /// partition's state as its owner reports it, would break `--state-disk`.
     pub(crate) fn check_state_disk(&self, partition: &str) -> std::result::Result<(), String> {
@@ -1011,15 +1006,6 @@ impl Baton {
             ));
         }
         Ok(())
-    }
-
-    /// Where a partition's RocksDB lives on this host.
-    pub(crate) fn partition_path(&self, pipeline: &str, partition: &str) -> std::path::PathBuf {
-        self.config
-            .data_dir
-            .join("state")
-            .join(pipeline)
-            .join(partition)
     }
 
     /// The controller's part: a move whose target left, or whose partition changed owner

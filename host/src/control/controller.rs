@@ -457,34 +457,6 @@ impl Baton {
         }
     }
 
-    /// This host's assignments of `pipeline`: on the embedded log every partition; on Kafka
-    /// the ones the catalog gives it. A partition no assignment names yet (its pipeline's
-    /// creator has not assigned it, or the pipeline was created before assignments existed)
-    /// runs nowhere until the controller assigns it, within a tick: never on two hosts.
-    pub(crate) fn local_assignments(
-        &self,
-        pipeline: &str,
-    ) -> Vec<crate::partition::supervisor::Assignment> {
-        let catalog = self.catalog.lock();
-        let Some(record) = catalog.pipelines.get(pipeline) else {
-            return Vec::new();
-        };
-        let all = crate::partition::supervisor::single_host_assignments(record);
-        if !self.log.is_kafka() {
-            return all;
-        }
-        catalog
-            .assignments
-            .values()
-            .filter(|a| a.pipeline == pipeline && a.owner == self.host_id)
-            .map(|a| crate::partition::supervisor::Assignment {
-                id: a.partition.clone(),
-                slots: a.slots[0]..a.slots[1],
-                epoch: a.epoch,
-            })
-            .collect()
-    }
-
     /// The first assignments of a new pipeline, written by the host that creates it (the
     /// controller corrects them later if their owners are gone): its partitions spread over the
     /// live hosts, or all here when none is known yet.

@@ -5,11 +5,17 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::control::{Catalog, ControlEvent, now_ms};
+
+/// The header naming the host that appended a control event.
+pub const ORIGIN: &str = "baton.origin";
+
+/// How long an appender waits for its event to be read back before it answers `Unavailable`.
+pub(crate) const READ_BACK_WAIT: Duration = Duration::from_secs(30);
 use crate::error::{Error, Result};
 use crate::steps::Steps;
 use crate::transport::{Log, Record, Transport};
@@ -33,6 +39,24 @@ pub struct ControlLog {
     appended_to: AtomicU64,
     /// Wakes the follower from its idle wait when an append is to be read back.
     wake: Arc<ControlWake>,
+    /// The catalog as the log makes it: every record applied in log order (this host's own
+    /// too, once read back). What decides between two hosts' appends, and what snapshots hold.
+    ordered: Arc<Mutex<Catalog>>,
+    /// The host's one apply path, which every event takes effect through ([`Self::set_apply`]).
+    apply: std::sync::OnceLock<Apply>,
+}
+
+/// Has a control event take effect on this host at its offset: the one apply path, which the
+/// host wires in. Answers false once the host is gone (its follower then ends).
+pub type Apply = Box<dyn Fn(ControlEvent, u64) -> bool + Send + Sync>;
+
+/// When the follower writes a snapshot of the log-ordered catalog: every `every` records, on
+/// the host for which `due` answers true (the controller).
+pub struct Snapshots {
+    /// Records between snapshots.
+    pub every: u64,
+    /// Whether this host writes them now.
+    pub due: Box<dyn Fn() -> bool + Send>,
 }
 
 impl ControlLog {
@@ -48,7 +72,136 @@ impl ControlLog {
             read: Condvar::new(),
             appended_to: AtomicU64::new(end),
             wake: Default::default(),
+            ordered: Arc::new(Mutex::new(Catalog::default())),
+            apply: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Wires in the host's apply path; set once, before the first commit or follow.
+    pub fn set_apply(&self, apply: Apply) {
+        if self.apply.set(apply).is_err() {
+            tracing::error!("the control log's apply path was set twice; the first one stays");
+        }
+    }
+
+    /// The catalog the log's records make, applied strictly in log order.
+    pub fn ordered(&self) -> MutexGuard<'_, Catalog> {
+        self.ordered.lock()
+    }
+
+    /// Applies the record at `at`: to the log-ordered catalog, then through the apply path.
+    fn apply_at(&self, event: ControlEvent, at: u64) -> bool {
+        self.ordered.lock().apply(event.clone());
+        match self.apply.get() {
+            Some(apply) => apply(event, at),
+            None => {
+                tracing::error!(
+                    at,
+                    "a control event read before the apply path was wired in"
+                );
+                true
+            }
+        }
+    }
+
+    /// Appends `event` and has it take effect here: on Kafka once the follower has read it back
+    /// and applied it (with every event before it), on the embedded log, which this host alone
+    /// writes, at once, so the append's order is the log's. Answers the event's offset; whether
+    /// it counted at its place in the log the caller reads from the catalog. An event not read
+    /// back within [`READ_BACK_WAIT`] is `Unavailable`: it is in the log and takes effect when
+    /// the follower gets to it.
+    pub fn commit(&self, event: ControlEvent) -> Result<u64> {
+        let at = self.append(&event)?;
+        if self.log.as_embedded().is_some() {
+            self.apply_at(event, at);
+            self.set_applied(at + 1);
+            return Ok(at);
+        }
+        self.wake_follower();
+        if !self.read_back(at, READ_BACK_WAIT) {
+            return Err(Error::Unavailable(format!(
+                "the control-log event at offset {at} is recorded but not read back after {} s; \
+                 it takes effect when this host's follower reaches it",
+                READ_BACK_WAIT.as_secs()
+            )));
+        }
+        Ok(at)
+    }
+
+    /// Tails the log from `from` on a thread of its own until `stop` is set (or the host is
+    /// gone), applying every record in log order, this host's own too. The log-ordered catalog
+    /// starts as the records before `from` make it.
+    pub fn follow(
+        self: &Arc<Self>,
+        from: u64,
+        stop: Arc<AtomicBool>,
+        snapshots: Snapshots,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let control = self.clone();
+        // A reader that stays assigned where the transport has one (Kafka): records arrive as
+        // they land, with no idle wait.
+        let mut tail = self.log.tail(&self.topic, 0, from).unwrap_or_else(|e| {
+            tracing::warn!("a reader of the control log: {e}; reading it a batch at a time");
+            None
+        });
+        std::thread::Builder::new()
+            .name("baton-control".into())
+            .spawn(move || {
+                let topic = control.topic.clone();
+                let mut offset = from;
+                let mut since_snapshot = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let read = match tail.as_mut() {
+                        Some(t) => t.next(256, Duration::from_millis(50)),
+                        None => control.log.read_from(&topic, 0, offset, 256),
+                    };
+                    let (records, next) = match read {
+                        Ok(r) => r,
+                        Err(e) => {
+                            tracing::warn!("following the control log at {offset}: {e}");
+                            std::thread::sleep(Duration::from_millis(500));
+                            continue;
+                        }
+                    };
+                    if records.is_empty() {
+                        // Past markers and aborted records, if that is all there was.
+                        if next > offset {
+                            offset = next;
+                            control.set_applied(offset);
+                        }
+                        // A tail waited for records already.
+                        if tail.is_none() {
+                            control.wake.wait(Duration::from_millis(50));
+                        }
+                        continue;
+                    }
+                    for r in records {
+                        offset = r.offset + 1;
+                        let bytes = r.record.value.unwrap_or_default();
+                        match crate::control::parse_event(&bytes) {
+                            Ok(e) => {
+                                since_snapshot += 1;
+                                if !control.apply_at(e, r.offset) {
+                                    return;
+                                }
+                            }
+                            Err(e) => tracing::error!(
+                                "control log record {} cannot be read, skipped: {e}",
+                                r.offset
+                            ),
+                        }
+                    }
+                    offset = offset.max(next);
+                    control.set_applied(offset);
+                    if since_snapshot >= snapshots.every.max(1) && (snapshots.due)() {
+                        let ordered = control.ordered.lock().clone();
+                        if let Err(e) = write_snapshot(&*control.log, &topic, &ordered, offset) {
+                            tracing::warn!("control-log snapshot: {e:#}");
+                        }
+                        since_snapshot = 0;
+                    }
+                }
+            })
     }
 
     /// The topic (`<cluster>.control`).
@@ -76,10 +229,7 @@ impl ControlLog {
         let record = Record {
             key: None,
             value: Some(value),
-            headers: vec![(
-                crate::control::follow::ORIGIN.to_string(),
-                self.host_id.as_bytes().to_vec(),
-            )],
+            headers: vec![(ORIGIN.to_string(), self.host_id.as_bytes().to_vec())],
             timestamp: now_ms(),
         };
         let at = self.log.append(&self.topic, 0, &[record])?;
@@ -91,11 +241,6 @@ impl ControlLog {
     /// to be read back.
     pub fn wake_follower(&self) {
         self.wake.wake();
-    }
-
-    /// What wakes the follower from its idle wait (it waits without holding the host).
-    pub(crate) fn waker(&self) -> Arc<ControlWake> {
-        self.wake.clone()
     }
 
     /// Waits until the follower has applied the record at `offset`, for at most `timeout`;

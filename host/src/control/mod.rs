@@ -3,7 +3,6 @@
 //! read from the start on every boot). The log's total order is the source of truth; the in-memory catalog is its replay.
 
 pub mod controller;
-pub(crate) mod follow;
 pub(crate) mod log;
 pub(crate) mod modules;
 pub mod names;

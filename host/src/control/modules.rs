@@ -1,15 +1,18 @@
 //! The module registry: uploads (validated, compiled, stored by content address, chunked into
-//! `<cluster>.modules` on Kafka), listing and deletion.
+//! `<cluster>.modules` on Kafka), listing and deletion, and the compiled modules this host
+//! holds. A narrow handle: the log, the control log, the catalog and the runtime.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use parking_lot::{Mutex, RwLock};
+
+use crate::control::log::ControlLog;
 use crate::control::{Catalog, ControlEvent, ModuleDeletion, ModuleRecord, now_ms};
 use crate::error::{Error, Result};
-use crate::runtime::NativeModule;
-use crate::transport::Record;
-
-use crate::app::Baton;
+use crate::runtime::{Module, NativeModule, Runtime};
+use crate::transport::{Log, Record};
 
 /// Size of a module chunk: well under Kafka's default 1 MB message limit.
 pub(crate) const MODULE_CHUNK: usize = 512 << 10;
@@ -22,26 +25,91 @@ fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-impl Baton {
-    pub(crate) fn module_path(&self, sha256: &str) -> PathBuf {
-        self.config
-            .data_dir
-            .join("modules")
-            .join(format!("{sha256}.wasm"))
+/// The modules of the cluster as this host knows them: registered versions (in the catalog),
+/// their bytes (on disk by content address, and in the modules topic), and the compiled
+/// modules loaded here, by content address.
+pub struct Registry {
+    /// `<data dir>/modules`: a module's bytes by content address.
+    dir: PathBuf,
+    log: Log,
+    /// `<cluster>.modules`: module bytes in chunks keyed `<sha256>:<i>:<n>`.
+    topic: String,
+    runtime: Arc<Runtime>,
+    catalog: Arc<Mutex<Catalog>>,
+    control: Arc<ControlLog>,
+    native: Vec<NativeModule>,
+    /// Compiled modules loaded on this host, by content address.
+    loaded: RwLock<BTreeMap<String, Module>>,
+}
+
+impl Registry {
+    /// The registry over `dir` and `topic`; the host's native modules are loaded at once.
+    pub fn new(
+        dir: PathBuf,
+        log: Log,
+        topic: String,
+        runtime: Arc<Runtime>,
+        catalog: Arc<Mutex<Catalog>>,
+        control: Arc<ControlLog>,
+        native: Vec<NativeModule>,
+    ) -> std::io::Result<Self> {
+        std::fs::create_dir_all(&dir)?;
+        let loaded = native
+            .iter()
+            .map(|m| (m.address(), Module::native(m)))
+            .collect();
+        Ok(Registry {
+            dir,
+            log,
+            topic,
+            runtime,
+            catalog,
+            control,
+            native,
+            loaded: RwLock::new(loaded),
+        })
+    }
+
+    /// The compiled module with content address `sha256`, if it is loaded here.
+    pub fn get(&self, sha256: &str) -> Option<Module> {
+        self.loaded.read().get(sha256).cloned()
+    }
+
+    /// Whether the module with content address `sha256` is loaded here.
+    pub fn is_loaded(&self, sha256: &str) -> bool {
+        self.loaded.read().contains_key(sha256)
+    }
+
+    /// Loads the module of `m` here (from disk, or reassembled from the modules topic) unless
+    /// it is loaded already.
+    pub fn load(&self, m: &ModuleRecord) -> anyhow::Result<()> {
+        if self.is_loaded(&m.sha256) {
+            return Ok(());
+        }
+        let module = self
+            .bytes(&m.sha256)
+            .and_then(|b| self.runtime.load(&b).map_err(|e| anyhow::anyhow!("{e}")))
+            .map_err(|e| anyhow::anyhow!("module {} {}: {e:#}", m.name, m.version))?;
+        self.loaded.write().insert(m.sha256.clone(), module);
+        Ok(())
+    }
+
+    fn path(&self, sha256: &str) -> PathBuf {
+        self.dir.join(format!("{sha256}.wasm"))
     }
 
     /// The bytes of a module: the local copy, or (on Kafka) reassembled from `baton.modules`.
-    pub(crate) fn module_bytes(&self, sha256: &str) -> anyhow::Result<Vec<u8>> {
-        let path = self.module_path(sha256);
+    pub fn bytes(&self, sha256: &str) -> anyhow::Result<Vec<u8>> {
+        let path = self.path(sha256);
         if let Ok(bytes) = std::fs::read(&path) {
             return Ok(bytes);
         }
         let mut chunks: BTreeMap<usize, Vec<u8>> = BTreeMap::new();
         let mut count = None;
-        let end = self.log.end_offset(&self.modules_topic, 0)?;
+        let end = self.log.end_offset(&self.topic, 0)?;
         let mut offset = 0;
         while offset < end {
-            let records = self.log.read(&self.modules_topic, 0, offset, 256)?;
+            let records = self.log.read(&self.topic, 0, offset, 256)?;
             if records.is_empty() {
                 break;
             }
@@ -63,13 +131,13 @@ impl Baton {
                 chunks.insert(i, r.record.value.unwrap_or_default());
             }
         }
-        let n: usize = count
-            .ok_or_else(|| anyhow::anyhow!("module {sha256} is not in {}", self.modules_topic))?;
+        let n: usize =
+            count.ok_or_else(|| anyhow::anyhow!("module {sha256} is not in {}", self.topic))?;
         anyhow::ensure!(
             chunks.len() == n,
             "module {sha256}: {} of {n} chunks in {}",
             chunks.len(),
-            self.modules_topic
+            self.topic
         );
         let bytes: Vec<u8> = chunks.into_values().flatten().collect();
         anyhow::ensure!(
@@ -82,7 +150,7 @@ impl Baton {
 
     /// Validates a component against the world, stores it by content and registers
     /// `name`/`version`. Re-uploading identical bytes under the same name and version is a no-op.
-    pub fn upload_module(&self, name: &str, version: &str, bytes: &[u8]) -> Result<ModuleRecord> {
+    pub fn upload(&self, name: &str, version: &str, bytes: &[u8]) -> Result<ModuleRecord> {
         let ok = crate::control::names::is_dotted_name;
         if !ok(name) {
             return Err(Error::BadRequest(format!(
@@ -113,7 +181,7 @@ impl Baton {
         }
         // The bytes are content-addressed, so storing them needs no lock: no partition or
         // other admin call waits behind the chunks' appends.
-        let path = self.module_path(&module.sha256);
+        let path = self.path(&module.sha256);
         if !path.exists() {
             write_file(&path, bytes)
                 .map_err(|e| Error::Internal(format!("storing module: {e}")))?;
@@ -135,8 +203,7 @@ impl Baton {
                     headers: vec![],
                     timestamp: now_ms(),
                 };
-                self.log
-                    .append(&self.modules_topic, 0, std::slice::from_ref(&r))?;
+                self.log.append(&self.topic, 0, std::slice::from_ref(&r))?;
             }
         }
         let record = ModuleRecord {
@@ -153,11 +220,11 @@ impl Baton {
         }
         // Compiled already: when the event is applied, here as on every host, it finds the
         // module loaded.
-        self.modules
+        self.loaded
             .write()
             .entry(module.sha256.clone())
             .or_insert_with(|| module.clone());
-        self.commit_event(ControlEvent::Module(record.clone()))?;
+        self.control.commit(ControlEvent::Module(record.clone()))?;
         // Another host may have registered other content under this version first, in the log.
         match conflict(&self.catalog.lock()) {
             Some(Ok(_)) => {}
@@ -173,12 +240,12 @@ impl Baton {
     }
 
     /// Every module version.
-    pub fn modules(&self) -> Vec<ModuleRecord> {
+    pub fn list(&self) -> Vec<ModuleRecord> {
         self.catalog.lock().modules.values().cloned().collect()
     }
 
     /// Deletes a module version; refused (409) while a pipeline runs it.
-    pub fn delete_module(&self, name: &str, version: &str) -> Result<ModuleDeletion> {
+    pub fn delete(&self, name: &str, version: &str) -> Result<ModuleDeletion> {
         let _g = self.control.lock();
         {
             let catalog = self.catalog.lock();
@@ -209,12 +276,13 @@ impl Baton {
             version: version.to_string(),
             at: now_ms(),
         };
-        self.commit_event(ControlEvent::ModuleDeleted(deletion.clone()))?;
+        self.control
+            .commit(ControlEvent::ModuleDeleted(deletion.clone()))?;
         Ok(deletion)
     }
 
     /// The content address of a module version (uploaded or native).
-    pub(crate) fn module_address(&self, name: &str, version: &str) -> Option<String> {
+    pub fn address(&self, name: &str, version: &str) -> Option<String> {
         if let Some(m) = self
             .catalog
             .lock()
@@ -223,8 +291,7 @@ impl Baton {
         {
             return Some(m.sha256.clone());
         }
-        self.config
-            .native_modules
+        self.native
             .iter()
             .find(|m| m.name == name && m.version == version)
             .map(NativeModule::address)

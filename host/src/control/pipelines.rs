@@ -141,7 +141,8 @@ impl Baton {
         // here then, as on every host (a failure to start is its phase, not the call's).
         {
             let _g = self.control.lock();
-            self.commit_event(ControlEvent::Pipeline(Box::new(record.clone())))?;
+            self.control
+                .commit(ControlEvent::Pipeline(Box::new(record.clone())))?;
         }
         // Another host may have created a pipeline of this name first, in the log.
         let ours = self
@@ -207,10 +208,10 @@ impl Baton {
         if self.deleting.lock().contains(name) {
             return (PipelinePhase::Deleting, None);
         }
-        if let Some(reason) = self.start_failures.read().get(name) {
+        if let Some(reason) = self.supervisor.start_failure(name).as_ref() {
             return (PipelinePhase::Failed, Some(reason.clone()));
         }
-        let parts = self.pipeline_partitions(name);
+        let parts = self.supervisor.pipeline_partitions(name);
         let mut all_running = !parts.is_empty();
         for h in &parts {
             match &*h.status.phase.lock() {
@@ -278,7 +279,8 @@ impl Baton {
             };
             // Read back, it stops the pipeline's partitions, here as on every host.
             let _g = self.control.lock();
-            self.commit_event(ControlEvent::PipelineDeleted(deletion.clone()))?;
+            self.control
+                .commit(ControlEvent::PipelineDeleted(deletion.clone()))?;
             Ok(deletion)
         };
         // First the deletion (the partitions stop, the name stays taken), then the purge, which
@@ -347,7 +349,7 @@ impl Baton {
             Some(s) => vec![s],
             None => (0..record.spec.slots).collect(),
         };
-        if !self.replay_plans.read().contains_key(name) {
+        if self.supervisor.replay_plan(name).is_none() {
             return Err(Error::Unavailable(format!(
                 "pipeline `{name}` is not running here"
             )));
@@ -380,7 +382,8 @@ impl Baton {
             at: now_ms(),
         };
         if !replay.ranges.is_empty() {
-            self.commit_event(ControlEvent::DeadLettersReplayed(replay.clone()))?;
+            self.control
+                .commit(ControlEvent::DeadLettersReplayed(replay.clone()))?;
             // A replay another host recorded at the same time may have come first in the log.
             let record = self.pipeline(name)?;
             let counted = replay.ranges.iter().all(|r| {
@@ -459,10 +462,10 @@ impl Baton {
         spec.validate(&self.config.cluster)
             .map_err(Error::BadRequest)?;
         let settings = Settings::of(&spec);
-        let target =
-            self.targets.read().get(name).cloned().ok_or_else(|| {
-                Error::Unavailable(format!("pipeline `{name}` is not running here"))
-            })?;
+        let target = self
+            .supervisor
+            .target(name)
+            .ok_or_else(|| Error::Unavailable(format!("pipeline `{name}` is not running here")))?;
         // The new config must pass `init` before anything changes.
         if let Some(db) = self
             .peers
@@ -489,7 +492,7 @@ impl Baton {
             })?;
         }
         // Read back, it reaches the partitions, here as on every host.
-        let at = self.commit_event(ControlEvent::PipelineUpdated(update))?;
+        let at = self.control.commit(ControlEvent::PipelineUpdated(update))?;
         drop(control);
         let Some(generation) = target.made_by(at) else {
             // The pipeline stopped here, or changed again at once.
@@ -497,7 +500,7 @@ impl Baton {
             return Ok((self.pipeline_info(&record), false));
         };
         tracing::info!(pipeline = name, generation, "pipeline settings changed");
-        let parts = self.pipeline_partitions(name);
+        let parts = self.supervisor.pipeline_partitions(name);
         let deadline = Instant::now() + wait;
         let applied = loop {
             let all = parts.iter().all(|h| {

@@ -18,18 +18,18 @@ impl Baton {
             let _g = self.control.lock();
             let record = self.pipeline(pipeline)?;
             let spec = &record.spec;
-            let sha256 = self.module_address(&spec.module, version).ok_or_else(|| {
+            let sha256 = self.registry.address(&spec.module, version).ok_or_else(|| {
                 Error::NotFound(format!(
                     "module `{}` version `{version}` is not uploaded; POST it to /api/v1/modules?name={}&version={version} first",
                     spec.module, spec.module
                 ))
             })?;
-            if !self.modules.read().contains_key(&sha256) {
+            if !self.registry.is_loaded(&sha256) {
                 return Err(Error::Internal(format!(
                     "module {sha256} is in the catalog but not loaded"
                 )));
             }
-            let target = self.targets.read().get(pipeline).cloned().ok_or_else(|| {
+            let target = self.supervisor.target(pipeline).ok_or_else(|| {
                 Error::Unavailable(format!("pipeline `{pipeline}` is not running here"))
             })?;
             if spec.version == version {
@@ -52,7 +52,7 @@ impl Baton {
                 rollback_reason: None,
             });
             // Read back, it reaches the partitions, here as on every host.
-            let at = self.commit_event(event)?;
+            let at = self.control.commit(event)?;
             tracing::info!(pipeline, from = %spec.version, version, "hot swap requested");
             let generation = target.made_by(at).ok_or_else(|| {
                 Error::Unavailable(format!(
@@ -62,7 +62,7 @@ impl Baton {
             (generation, target)
         };
         let requested = now_ms();
-        let parts = self.pipeline_partitions(pipeline);
+        let parts = self.supervisor.pipeline_partitions(pipeline);
         let deadline = Instant::now() + wait;
         let reported = |h: &PartitionHandle| {
             h.status
@@ -188,9 +188,8 @@ impl Baton {
     pub fn events(&self, pipeline: &str, after: u64, limit: usize) -> Result<Vec<Event>> {
         self.pipeline(pipeline)?;
         Ok(self
-            .events
-            .read()
-            .get(pipeline)
+            .supervisor
+            .events(pipeline)
             .map(|e| e.since(after, limit))
             .unwrap_or_default())
     }
@@ -214,7 +213,7 @@ impl Baton {
     /// One attempt of [`Baton::auto_rollback`]: false when the append failed.
     pub(crate) fn try_auto_rollback(&self, pipeline: &str, generation: u64, reason: &str) -> bool {
         let _g = self.control.lock();
-        let Some(target) = self.targets.read().get(pipeline).cloned() else {
+        let Some(target) = self.supervisor.target(pipeline) else {
             return true;
         };
         let from = target.get().version;
@@ -256,7 +255,7 @@ impl Baton {
         // back, it takes the partitions back, here as on every host, unless a change recorded
         // before it in the log superseded the refused version (then a retry does not count
         // either).
-        match self.commit_event(event) {
+        match self.control.commit(event) {
             Ok(at) => {
                 if target.made_by(at).is_none() {
                     tracing::info!(

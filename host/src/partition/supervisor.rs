@@ -11,21 +11,30 @@ use std::sync::mpsc::Sender;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Weak;
+use std::sync::atomic::AtomicBool;
 
-use crate::control::PipelineRecord;
+use parking_lot::{Mutex, RwLock};
+
+use crate::cluster::standby::Standbys;
+use crate::control::log::ControlLog;
+use crate::control::modules::Registry;
+use crate::control::{Catalog, PipelineRecord};
+use crate::partition::TaskConfig;
 use crate::partition::kafka::{CommitAudit, KafkaIo};
+use crate::partition::peers::Peers;
 use crate::partition::peers::{Claim, Claimed};
 use crate::partition::report::{PartitionInfo, PartitionState, ReplicaInfo, Role};
 use crate::partition::{
     Command, EmbeddedIo, EventLog, Inbox, IoFactory, ModuleTarget, PartitionIo, PartitionStatus,
     PartitionTask, Phase, ReplayPlan, RollbackHook, Settings, SlotProgress,
 };
-use crate::runtime::{OutputTopic, WriteLimits};
-use crate::state::PartitionDb;
-use crate::transport::TopicKind;
-
-use crate::app::Baton;
+use crate::runtime::{OutputTopic, Runtime, WriteLimits};
+use crate::state::{PartitionDb, StateEnv};
+use crate::steps::Steps;
+use crate::transport::{Log, TopicKind};
 
 /// A running partition.
 pub struct PartitionHandle {
@@ -155,7 +164,205 @@ pub fn single_host_assignments(record: &PipelineRecord) -> Vec<Assignment> {
         .collect()
 }
 
-impl Baton {
+/// What a pipeline that refused a swapped-in version does: records the automatic rollback
+/// (pipeline, the refused generation, the reason). Wired in by the host.
+pub type RollbackRecorder = Box<dyn Fn(&str, u64, &str) + Send + Sync>;
+
+/// The partitions this host runs, per pipeline, over narrow handles: the log, the state
+/// environment, the runtime, the module registry, the catalog, the control log, the peers and
+/// the standbys.
+pub struct Supervisor {
+    host_id: String,
+    log: Log,
+    state: Arc<StateEnv>,
+    runtime: Arc<Runtime>,
+    registry: Arc<Registry>,
+    catalog: Arc<Mutex<Catalog>>,
+    control: Arc<ControlLog>,
+    peers: Arc<Peers>,
+    standbys: Arc<Standbys>,
+    steps: Arc<Steps>,
+    task: TaskConfig,
+    /// `<data dir>/state`: each partition's RocksDB under `<pipeline>/<partition>`.
+    state_dir: PathBuf,
+    /// Held while partitions start and stop: two callers that find one partition not running
+    /// must not both start a loop for it.
+    assigning: Mutex<()>,
+    /// Set when the host shuts down: assignments start nothing more.
+    closing: AtomicBool,
+    /// Per pipeline running here: what its partitions share.
+    runs: RwLock<BTreeMap<String, Arc<PipelineRun>>>,
+    /// Per pipeline: the module version its partitions should run.
+    targets: RwLock<BTreeMap<String, Arc<ModuleTarget>>>,
+    /// Per pipeline: the dead letters its partitions replay.
+    replay_plans: RwLock<BTreeMap<String, Arc<ReplayPlan>>>,
+    /// Per pipeline: recent events.
+    events: RwLock<BTreeMap<String, Arc<EventLog>>>,
+    /// Pipelines whose partitions could not start here, with the reason.
+    start_failures: RwLock<BTreeMap<String, String>>,
+    /// Records automatic rollbacks ([`Self::set_rollback_recorder`]).
+    rollbacks: std::sync::OnceLock<RollbackRecorder>,
+    /// Itself, for the hooks partitions call back through.
+    me: Weak<Supervisor>,
+}
+
+/// What a [`Supervisor`] works over.
+pub struct SupervisorParts {
+    /// This host's id.
+    pub host_id: String,
+    /// The log the host runs on.
+    pub log: Log,
+    /// The shared state environment.
+    pub state: Arc<StateEnv>,
+    /// The Wasm runtime.
+    pub runtime: Arc<Runtime>,
+    /// The modules, compiled ones loaded here.
+    pub registry: Arc<Registry>,
+    /// The catalog.
+    pub catalog: Arc<Mutex<Catalog>>,
+    /// The control log (for catching up before an ownership check).
+    pub control: Arc<ControlLog>,
+    /// What this host is for each partition.
+    pub peers: Arc<Peers>,
+    /// This host's standby replicas.
+    pub standbys: Arc<Standbys>,
+    /// Protocol steps where tests hold a thread.
+    pub steps: Arc<Steps>,
+    /// Per-partition settings.
+    pub task: TaskConfig,
+    /// `<data dir>/state`.
+    pub state_dir: PathBuf,
+}
+
+impl Supervisor {
+    /// A supervisor that runs nothing yet.
+    pub fn new(parts: SupervisorParts) -> Arc<Self> {
+        let SupervisorParts {
+            host_id,
+            log,
+            state,
+            runtime,
+            registry,
+            catalog,
+            control,
+            peers,
+            standbys,
+            steps,
+            task,
+            state_dir,
+        } = parts;
+        Arc::new_cyclic(|me| Supervisor {
+            host_id,
+            log,
+            state,
+            runtime,
+            registry,
+            catalog,
+            control,
+            peers,
+            standbys,
+            steps,
+            task,
+            state_dir,
+            assigning: Mutex::new(()),
+            closing: AtomicBool::new(false),
+            runs: RwLock::new(BTreeMap::new()),
+            targets: RwLock::new(BTreeMap::new()),
+            replay_plans: RwLock::new(BTreeMap::new()),
+            events: RwLock::new(BTreeMap::new()),
+            start_failures: RwLock::new(BTreeMap::new()),
+            rollbacks: std::sync::OnceLock::new(),
+            me: me.clone(),
+        })
+    }
+
+    /// Wires in what records an automatic rollback; set once, before pipelines start.
+    pub fn set_rollback_recorder(&self, record: RollbackRecorder) {
+        if self.rollbacks.set(record).is_err() {
+            tracing::error!("the rollback recorder was set twice; the first one stays");
+        }
+    }
+
+    /// Starts nothing more: the host shuts down. Waits for an assignment under way.
+    pub fn close(&self) {
+        let _one_at_a_time = self.assigning.lock();
+        self.closing.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether `pipeline` runs here (its partitions may start here as assignments change).
+    pub fn runs(&self, pipeline: &str) -> bool {
+        self.runs.read().contains_key(pipeline)
+    }
+
+    /// The module version `pipeline`'s partitions here should run.
+    pub fn target(&self, pipeline: &str) -> Option<Arc<ModuleTarget>> {
+        self.targets.read().get(pipeline).cloned()
+    }
+
+    /// The dead letters `pipeline`'s partitions here replay.
+    pub fn replay_plan(&self, pipeline: &str) -> Option<Arc<ReplayPlan>> {
+        self.replay_plans.read().get(pipeline).cloned()
+    }
+
+    /// `pipeline`'s recent events here.
+    pub fn events(&self, pipeline: &str) -> Option<Arc<EventLog>> {
+        self.events.read().get(pipeline).cloned()
+    }
+
+    /// Why `pipeline`'s partitions could not start here, if they could not.
+    pub fn start_failure(&self, pipeline: &str) -> Option<String> {
+        self.start_failures.read().get(pipeline).cloned()
+    }
+
+    /// Where a partition's RocksDB lives on this host.
+    pub fn partition_path(&self, pipeline: &str, partition: &str) -> PathBuf {
+        self.state_dir.join(pipeline).join(partition)
+    }
+
+    /// The copies of partitions this host keeps (standbys, warming replicas), with their role.
+    pub fn local_replicas(&self) -> Vec<(String, ReplicaInfo)> {
+        self.peers.replicas(&self.host_id)
+    }
+
+    /// This host's assignments of `pipeline`: on the embedded log every partition; on Kafka
+    /// the ones the catalog gives it. A partition no assignment names yet (its pipeline's
+    /// creator has not assigned it, or the pipeline was created before assignments existed)
+    /// runs nowhere until the controller assigns it, within a tick: never on two hosts.
+    pub fn local_assignments(&self, pipeline: &str) -> Vec<Assignment> {
+        let catalog = self.catalog.lock();
+        let Some(record) = catalog.pipelines.get(pipeline) else {
+            return Vec::new();
+        };
+        let all = single_host_assignments(record);
+        if !self.log.is_kafka() {
+            return all;
+        }
+        catalog
+            .assignments
+            .values()
+            .filter(|a| a.pipeline == pipeline && a.owner == self.host_id)
+            .map(|a| Assignment {
+                id: a.partition.clone(),
+                slots: a.slots[0]..a.slots[1],
+                epoch: a.epoch,
+            })
+            .collect()
+    }
+
+    /// Starts and stops this host's partitions of `pipeline` to match the catalog's
+    /// assignments.
+    pub fn follow_assignments(&self, pipeline: &str) {
+        // A standby of a partition this host now owns stops before the partition starts.
+        self.standbys.follow();
+        if !self.runs(pipeline) {
+            return;
+        }
+        let mine = self.local_assignments(pipeline);
+        if let Err(e) = self.assign(pipeline, &mine) {
+            tracing::error!(pipeline, "following its assignments: {e:#}");
+        }
+    }
+
     /// Starts a pipeline's partitions here; a failure is kept as the pipeline's phase.
     pub(crate) fn start_or_record(&self, record: Arc<PipelineRecord>) {
         let name = record.spec.name.clone();
@@ -202,18 +409,13 @@ impl Baton {
     }
 
     pub(crate) fn start_pipeline(&self, record: Arc<PipelineRecord>) -> anyhow::Result<()> {
-        let module = self
-            .modules
-            .read()
-            .get(&record.sha256)
-            .cloned()
-            .ok_or_else(|| {
-                anyhow::anyhow!(
-                    "module {} of pipeline {} is not loaded",
-                    record.sha256,
-                    record.spec.name
-                )
-            })?;
+        let module = self.registry.get(&record.sha256).ok_or_else(|| {
+            anyhow::anyhow!(
+                "module {} of pipeline {} is not loaded",
+                record.sha256,
+                record.spec.name
+            )
+        })?;
         let spec = &record.spec;
         let mut limits = WriteLimits {
             max_key_bytes: spec.limits.max_key_bytes as usize,
@@ -272,8 +474,10 @@ impl Baton {
                 let spawned = std::thread::Builder::new()
                     .name("baton-rollback".into())
                     .spawn(move || {
-                        if let Some(baton) = me.upgrade() {
-                            baton.auto_rollback(&pipeline, generation, &reason);
+                        if let Some(supervisor) = me.upgrade()
+                            && let Some(record) = supervisor.rollbacks.get()
+                        {
+                            record(&pipeline, generation, &reason);
                         }
                     });
                 if let Err(e) = spawned {
@@ -450,7 +654,7 @@ impl Baton {
             target: run.target.clone(),
             on_rollback: run.on_rollback.clone(),
             events: run.events.clone(),
-            config: self.config.task.clone(),
+            config: self.task.clone(),
             status: status.clone(),
             inbox,
             isolate: Mutex::new(None),
@@ -465,7 +669,7 @@ impl Baton {
                 let fresh = std::sync::atomic::AtomicBool::new(taken_over);
                 Arc::new(move || {
                     me.upgrade()
-                        .is_some_and(|b| b.owns(&id, fresh.swap(false, Ordering::Relaxed)))
+                        .is_some_and(|s| s.owns(&id, fresh.swap(false, Ordering::Relaxed)))
                 })
             },
         };
@@ -508,103 +712,6 @@ impl Baton {
     /// The running partitions with their live status (for metrics).
     pub fn partition_handles(&self) -> Vec<Arc<PartitionHandle>> {
         self.peers.handles()
-    }
-
-    /// The partition table: on Kafka every partition of the cluster, each as its owner last
-    /// reported it (this host's own live), at the epoch of its newest assignment.
-    pub fn partitions(&self) -> Vec<PartitionInfo> {
-        let local = self.local_partitions();
-        if !self.log.is_kafka() {
-            return local;
-        }
-        let assignments = self.catalog.lock().assignments.clone();
-        let reported = self
-            .membership
-            .get()
-            .map(|m| m.reported())
-            .unwrap_or_default();
-        let mut table: std::collections::BTreeMap<String, PartitionInfo> = local
-            .into_iter()
-            .filter(|p| {
-                assignments
-                    .get(&p.id)
-                    .is_none_or(|a| a.owner == self.host_id)
-            })
-            .map(|p| (p.id.clone(), p))
-            .collect();
-        for a in assignments.values() {
-            if a.owner == self.host_id && table.contains_key(&a.partition) {
-                continue;
-            }
-            let seen = reported
-                .get(&a.owner)
-                .and_then(|ps| {
-                    ps.iter()
-                        .find(|p| p.id == a.partition && p.role == Role::Active)
-                })
-                .filter(|p| p.epoch >= a.epoch)
-                .cloned();
-            let row = seen.unwrap_or_else(|| {
-                PartitionInfo::placeholder(&a.partition, &a.pipeline, a.slots, &a.owner, a.epoch)
-            });
-            table.insert(a.partition.clone(), row);
-        }
-        // Copies of the state on other hosts than the owner, and the moves.
-        let mut replicas: Vec<(String, ReplicaInfo)> = self.local_replicas();
-        for (host, rows) in &reported {
-            if *host == self.host_id {
-                continue;
-            }
-            for r in rows.iter().filter(|r| r.role != Role::Active) {
-                replicas.push((
-                    r.id.clone(),
-                    ReplicaInfo {
-                        host: host.clone(),
-                        role: r.role,
-                        lag: r.lag,
-                    },
-                ));
-            }
-        }
-        let moves = self.catalog.lock().moves.clone();
-        for row in table.values_mut() {
-            row.replicas = replicas
-                .iter()
-                .filter(|(p, r)| *p == row.id && r.host != row.owner)
-                .map(|(_, r)| r.clone())
-                .collect();
-            if let Some(m) = moves.get(&row.id) {
-                row.last_pause_ms = m
-                    .iter()
-                    .rev()
-                    .find(|m| m.phase == crate::control::MovePhase::Done)
-                    .and_then(|m| m.pause_ms);
-                row.moves = m.clone();
-            }
-        }
-        table.into_values().collect()
-    }
-
-    /// This host's rows for the other hosts' partition tables: its partitions, and the
-    /// copies of partitions it keeps (with their role).
-    pub(crate) fn reported_rows(&self) -> Vec<PartitionInfo> {
-        let mut rows = self.local_partitions();
-        let epochs: std::collections::BTreeMap<String, (String, [u32; 2], u64)> = self
-            .catalog
-            .lock()
-            .assignments
-            .iter()
-            .map(|(id, a)| (id.clone(), (a.pipeline.clone(), a.slots, a.epoch)))
-            .collect();
-        for (id, r) in self.local_replicas() {
-            if let Some((pipeline, slots, epoch)) = epochs.get(&id) {
-                let mut row = PartitionInfo::placeholder(&id, pipeline, *slots, &r.host, *epoch);
-                row.role = r.role;
-                row.lag = r.lag;
-                rows.push(row);
-            }
-        }
-        rows
     }
 
     /// The partitions running on this host.

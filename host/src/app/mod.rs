@@ -2,6 +2,8 @@
 //! replayed from the control log, and the partition tasks. The HTTP layer and the CLI call the
 //! operations here; nothing here knows about HTTP.
 
+mod apply;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,10 +14,12 @@ use parking_lot::{Mutex, RwLock};
 use crate::control::log::{CONTROL_REPLAY_STALL, replay_control, snapshot_topic, write_snapshot};
 use crate::control::{Catalog, PipelineRecord, now_ms};
 use crate::error::{Error, Result};
+use crate::partition::TaskConfig;
+use crate::partition::report::{PartitionInfo, ReplicaInfo, Role};
 pub use crate::partition::supervisor::PartitionHandle;
-use crate::partition::{EventLog, ModuleTarget, ReplayPlan, TaskConfig};
+use crate::partition::supervisor::{Supervisor, SupervisorParts};
 use crate::query::LocalResolver;
-use crate::runtime::{Module, NativeModule, Runtime};
+use crate::runtime::{NativeModule, Runtime};
 use crate::state::StateEnv;
 use crate::transport::embedded::EmbeddedLog;
 use crate::transport::kafka::{KafkaConfig, KafkaTransport};
@@ -89,33 +93,19 @@ impl HostConfig {
 /// A baton host.
 pub struct Baton {
     pub(crate) config: HostConfig,
-    pub(crate) modules_topic: String,
     /// The log the host runs on (embedded or Kafka): one handle.
     pub(crate) log: Log,
     pub(crate) state: Arc<StateEnv>,
     pub(crate) runtime: Arc<Runtime>,
     pub(crate) catalog: Arc<Mutex<Catalog>>,
-    pub(crate) modules: RwLock<BTreeMap<String, Module>>,
+    /// Registered modules, their bytes, and the compiled ones loaded here.
+    pub(crate) registry: Arc<crate::control::modules::Registry>,
     /// What this host is for each partition: one peer each, in one state.
     pub(crate) peers: Arc<crate::partition::peers::Peers>,
-    /// Held while partitions start and stop: two callers that find one partition not running
-    /// must not both start a loop for it.
-    pub(crate) assigning: Mutex<()>,
-    /// The catalog as the control log makes it, every record applied in log order (this
-    /// host's own appends too, once read back): what decides between two hosts' appends.
-    pub(crate) log_catalog: Arc<Mutex<Catalog>>,
-    /// Set when the host shuts down: assignments start nothing more.
-    pub(crate) closing: AtomicBool,
     /// Protocol steps where tests hold a thread to inject a fault.
     pub(crate) steps: Arc<crate::steps::Steps>,
-    /// Per pipeline running here: what its partitions share.
-    pub(crate) runs: RwLock<BTreeMap<String, Arc<crate::partition::supervisor::PipelineRun>>>,
-    /// Per pipeline: the module version its partitions should run.
-    pub(crate) targets: RwLock<BTreeMap<String, Arc<ModuleTarget>>>,
-    /// Per pipeline: the dead letters its partitions replay.
-    pub(crate) replay_plans: RwLock<BTreeMap<String, Arc<ReplayPlan>>>,
-    /// Per pipeline: recent events.
-    pub(crate) events: RwLock<BTreeMap<String, Arc<EventLog>>>,
+    /// The partitions this host runs.
+    pub(crate) supervisor: Arc<crate::partition::supervisor::Supervisor>,
     /// This host's standby replicas.
     pub(crate) standbys: Arc<crate::cluster::standby::Standbys>,
     /// State lookups and scans, sent to the host that owns a slot.
@@ -125,13 +115,11 @@ pub struct Baton {
     pub(crate) round_robin: AtomicU32,
     /// The control log: appends, read-backs, and the lock that serialises this host's
     /// control-plane changes (never held across topic creation or module chunk appends).
-    pub(crate) control: crate::control::log::ControlLog,
+    pub(crate) control: Arc<crate::control::log::ControlLog>,
     /// Pipeline names whose creation or deletion is in progress.
     pub(crate) creating: Mutex<std::collections::BTreeSet<String>>,
     /// Pipelines being deleted.
     pub(crate) deleting: Mutex<std::collections::BTreeSet<String>>,
-    /// Pipelines whose partitions could not start here, with the reason.
-    pub(crate) start_failures: RwLock<BTreeMap<String, String>>,
     /// This host's id.
     pub(crate) host_id: String,
     /// The base URL of this host's API, as it advertises it.
@@ -171,7 +159,6 @@ impl Baton {
         let transport = log.transport().clone();
         let state = Arc::new(StateEnv::new(config.state_memory));
         let runtime = Runtime::new(config.data_dir.join("compiled"))?;
-        std::fs::create_dir_all(config.data_dir.join("modules"))?;
         crate::control::names::check_cluster(&config.cluster).map_err(anyhow::Error::msg)?;
         let control_topic = format!("{}.control", config.cluster);
         let modules_topic = format!("{}.modules", config.cluster);
@@ -189,16 +176,30 @@ impl Baton {
                 tracing::warn!("control-log snapshot: {e:#}");
             }
         }
-        // The follower keeps a catalog of its own applied strictly in log order: for snapshots,
-        // and for the decisions hosts must agree on, read back from the log.
-        let shadow = catalog.clone();
-        let log_catalog = Arc::new(Mutex::new(catalog.clone()));
+        let control = Arc::new(crate::control::log::ControlLog::new(
+            log.clone(),
+            control_topic.clone(),
+            host_id.clone(),
+            steps.clone(),
+            control_end,
+        ));
+        // The control log keeps a catalog of its own applied strictly in log order: for
+        // snapshots, and for the decisions hosts must agree on, read back from the log.
+        *control.ordered() = catalog.clone();
         let catalog_handle = Arc::new(Mutex::new(Catalog::default()));
+        let registry = Arc::new(crate::control::modules::Registry::new(
+            config.data_dir.join("modules"),
+            log.clone(),
+            modules_topic.clone(),
+            runtime.clone(),
+            catalog_handle.clone(),
+            control.clone(),
+            config.native_modules.clone(),
+        )?);
         let peers = Arc::new(crate::partition::peers::Peers::default());
         let background_stop = Arc::new(AtomicBool::new(false));
-        let baton = Arc::new_cyclic(|me| Baton {
-            me: me.clone(),
-            standbys: {
+        let baton = Arc::new_cyclic(|me: &std::sync::Weak<Baton>| {
+            let standbys = {
                 let me = me.clone();
                 crate::cluster::standby::Standbys::new(
                     host_id.clone(),
@@ -213,76 +214,89 @@ impl Baton {
                         None => Err("the host stopped".into()),
                     }),
                 )
-            },
-            queries: crate::query::Queries::new(
-                catalog_handle.clone(),
-                peers.clone(),
-                host_id.clone(),
-                if log.is_kafka() {
-                    let me = me.clone();
-                    Box::new(crate::query::ClusterResolver::new(
-                        catalog_handle.clone(),
-                        host_id.clone(),
-                        Box::new(move |id| {
-                            let b: Arc<Baton> = me.upgrade()?;
-                            b.hosts()
-                                .into_iter()
-                                .find(|h| h.id == id)
-                                .map(|h| h.address)
-                        }),
-                    ))
-                } else {
-                    Box::new(LocalResolver)
-                },
-            ),
-            runs: RwLock::new(BTreeMap::new()),
-            targets: RwLock::new(BTreeMap::new()),
-            replay_plans: RwLock::new(BTreeMap::new()),
-            events: RwLock::new(BTreeMap::new()),
-            config,
-            control: crate::control::log::ControlLog::new(
-                log.clone(),
-                control_topic.clone(),
-                host_id.clone(),
-                steps.clone(),
-                control_end,
-            ),
-            modules_topic,
-            log,
-            state,
-            runtime,
-            catalog: catalog_handle,
-            modules: RwLock::new(BTreeMap::new()),
-            peers,
-            assigning: Mutex::new(()),
-            log_catalog: log_catalog.clone(),
-            closing: AtomicBool::new(false),
-            steps,
-            round_robin: AtomicU32::new(0),
-            creating: Mutex::new(Default::default()),
-            deleting: Mutex::new(Default::default()),
-            start_failures: RwLock::new(BTreeMap::new()),
-            host_id,
-            address,
-            membership: std::sync::OnceLock::new(),
-            replay,
-            background_stop,
-            background: Mutex::new(Vec::new()),
-            pauses: Mutex::new(Default::default()),
+            };
+            let supervisor = Supervisor::new(SupervisorParts {
+                host_id: host_id.clone(),
+                log: log.clone(),
+                state: state.clone(),
+                runtime: runtime.clone(),
+                registry: registry.clone(),
+                catalog: catalog_handle.clone(),
+                control: control.clone(),
+                peers: peers.clone(),
+                standbys: standbys.clone(),
+                steps: steps.clone(),
+                task: config.task.clone(),
+                state_dir: config.data_dir.join("state"),
+            });
+            {
+                let me = me.clone();
+                supervisor.set_rollback_recorder(Box::new(move |pipeline, generation, reason| {
+                    if let Some(baton) = me.upgrade() {
+                        baton.auto_rollback(pipeline, generation, reason);
+                    }
+                }));
+            }
+            Baton {
+                me: me.clone(),
+                standbys,
+                supervisor,
+                queries: crate::query::Queries::new(
+                    catalog_handle.clone(),
+                    peers.clone(),
+                    host_id.clone(),
+                    if log.is_kafka() {
+                        let me = me.clone();
+                        Box::new(crate::query::ClusterResolver::new(
+                            catalog_handle.clone(),
+                            host_id.clone(),
+                            Box::new(move |id| {
+                                let b: Arc<Baton> = me.upgrade()?;
+                                b.hosts()
+                                    .into_iter()
+                                    .find(|h| h.id == id)
+                                    .map(|h| h.address)
+                            }),
+                        ))
+                    } else {
+                        Box::new(LocalResolver)
+                    },
+                ),
+                config,
+                control: control.clone(),
+                log,
+                state,
+                runtime,
+                catalog: catalog_handle,
+                registry,
+                peers,
+                steps,
+                round_robin: AtomicU32::new(0),
+                creating: Mutex::new(Default::default()),
+                deleting: Mutex::new(Default::default()),
+                host_id,
+                address,
+                membership: std::sync::OnceLock::new(),
+                replay,
+                background_stop,
+                background: Mutex::new(Vec::new()),
+                pauses: Mutex::new(Default::default()),
+            }
         });
-        baton.join_cluster()?;
-        for m in &baton.config.native_modules {
-            baton.modules.write().insert(m.address(), Module::native(m));
+        {
+            // Every control event takes effect through the one apply path.
+            let me = Arc::downgrade(&baton);
+            control.set_apply(Box::new(move |event, at| match me.upgrade() {
+                Some(baton) => {
+                    baton.apply_event(event, at);
+                    true
+                }
+                None => false,
+            }));
         }
+        baton.join_cluster()?;
         for m in catalog.modules.values() {
-            let bytes = baton
-                .module_bytes(&m.sha256)
-                .map_err(|e| anyhow::anyhow!("module {} {}: {e}", m.name, m.version))?;
-            let module = baton
-                .runtime
-                .load(&bytes)
-                .map_err(|e| anyhow::anyhow!("module {} {}: {e}", m.name, m.version))?;
-            baton.modules.write().insert(m.sha256.clone(), module);
+            baton.registry.load(m)?;
         }
         let pipelines: Vec<PipelineRecord> = catalog.pipelines.values().cloned().collect();
         *baton.catalog.lock() = catalog;
@@ -290,19 +304,170 @@ impl Baton {
         let unfinished = baton.moves_left_by_restart();
         // A pipeline that cannot start here shows `failed` with the reason; the others run.
         for p in pipelines {
-            baton.start_or_record(Arc::new(p));
+            baton.supervisor.start_or_record(Arc::new(p));
         }
         if baton.log.is_kafka() {
             // Other hosts' changes, and the controller's assignments, from here on.
             let stop = baton.background_stop.clone();
-            *log_catalog.lock() = shadow;
-            let follower = baton.follow_control(control_end, stop.clone())?;
+            let follower = {
+                let me = Arc::downgrade(&baton);
+                control.follow(
+                    control_end,
+                    stop.clone(),
+                    crate::control::log::Snapshots {
+                        every: baton.config.control_snapshot_every,
+                        due: Box::new(move || me.upgrade().is_some_and(|b| b.is_controller())),
+                    },
+                )?
+            };
             let controller = baton.run_controller(stop)?;
             baton.background.lock().extend([follower, controller]);
             baton.settle_moves_left_by_restart(unfinished);
         }
         tracing::info!(data_dir = %baton.config.data_dir.display(), "baton host open");
         Ok(baton)
+    }
+
+    /// Validates a component against the world, stores it by content and registers
+    /// `name`/`version` ([`crate::control::modules::Registry::upload`]).
+    pub fn upload_module(
+        &self,
+        name: &str,
+        version: &str,
+        bytes: &[u8],
+    ) -> Result<crate::control::ModuleRecord> {
+        self.registry.upload(name, version, bytes)
+    }
+
+    /// Every module version.
+    pub fn modules(&self) -> Vec<crate::control::ModuleRecord> {
+        self.registry.list()
+    }
+
+    /// Deletes a module version; refused (409) while a pipeline runs it.
+    pub fn delete_module(
+        &self,
+        name: &str,
+        version: &str,
+    ) -> Result<crate::control::ModuleDeletion> {
+        self.registry.delete(name, version)
+    }
+
+    /// The partition table: on Kafka every partition of the cluster, each as its owner last
+    /// reported it (this host's own live), at the epoch of its newest assignment.
+    pub fn partitions(&self) -> Vec<PartitionInfo> {
+        let local = self.supervisor.local_partitions();
+        if !self.log.is_kafka() {
+            return local;
+        }
+        let assignments = self.catalog.lock().assignments.clone();
+        let reported = self
+            .membership
+            .get()
+            .map(|m| m.reported())
+            .unwrap_or_default();
+        let mut table: std::collections::BTreeMap<String, PartitionInfo> = local
+            .into_iter()
+            .filter(|p| {
+                assignments
+                    .get(&p.id)
+                    .is_none_or(|a| a.owner == self.host_id)
+            })
+            .map(|p| (p.id.clone(), p))
+            .collect();
+        for a in assignments.values() {
+            if a.owner == self.host_id && table.contains_key(&a.partition) {
+                continue;
+            }
+            let seen = reported
+                .get(&a.owner)
+                .and_then(|ps| {
+                    ps.iter()
+                        .find(|p| p.id == a.partition && p.role == Role::Active)
+                })
+                .filter(|p| p.epoch >= a.epoch)
+                .cloned();
+            let row = seen.unwrap_or_else(|| {
+                PartitionInfo::placeholder(&a.partition, &a.pipeline, a.slots, &a.owner, a.epoch)
+            });
+            table.insert(a.partition.clone(), row);
+        }
+        // Copies of the state on other hosts than the owner, and the moves.
+        let mut replicas: Vec<(String, ReplicaInfo)> = self.supervisor.local_replicas();
+        for (host, rows) in &reported {
+            if *host == self.host_id {
+                continue;
+            }
+            for r in rows.iter().filter(|r| r.role != Role::Active) {
+                replicas.push((
+                    r.id.clone(),
+                    ReplicaInfo {
+                        host: host.clone(),
+                        role: r.role,
+                        lag: r.lag,
+                    },
+                ));
+            }
+        }
+        let moves = self.catalog.lock().moves.clone();
+        for row in table.values_mut() {
+            row.replicas = replicas
+                .iter()
+                .filter(|(p, r)| *p == row.id && r.host != row.owner)
+                .map(|(_, r)| r.clone())
+                .collect();
+            if let Some(m) = moves.get(&row.id) {
+                row.last_pause_ms = m
+                    .iter()
+                    .rev()
+                    .find(|m| m.phase == crate::control::MovePhase::Done)
+                    .and_then(|m| m.pause_ms);
+                row.moves = m.clone();
+            }
+        }
+        table.into_values().collect()
+    }
+
+    /// This host's rows for the other hosts' partition tables: its partitions, and the
+    /// copies of partitions it keeps (with their role).
+    pub(crate) fn reported_rows(&self) -> Vec<PartitionInfo> {
+        let mut rows = self.supervisor.local_partitions();
+        let epochs: std::collections::BTreeMap<String, (String, [u32; 2], u64)> = self
+            .catalog
+            .lock()
+            .assignments
+            .iter()
+            .map(|(id, a)| (id.clone(), (a.pipeline.clone(), a.slots, a.epoch)))
+            .collect();
+        for (id, r) in self.supervisor.local_replicas() {
+            if let Some((pipeline, slots, epoch)) = epochs.get(&id) {
+                let mut row = PartitionInfo::placeholder(&id, pipeline, *slots, &r.host, *epoch);
+                row.role = r.role;
+                row.lag = r.lag;
+                rows.push(row);
+            }
+        }
+        rows
+    }
+
+    /// Starts and stops this host's partitions of `pipeline` to match `assignments`
+    /// ([`Supervisor::assign`]).
+    pub fn assign(
+        &self,
+        pipeline: &str,
+        assignments: &[crate::partition::supervisor::Assignment],
+    ) -> anyhow::Result<()> {
+        self.supervisor.assign(pipeline, assignments)
+    }
+
+    /// The running partitions with their live status (for metrics).
+    pub fn partition_handles(&self) -> Vec<Arc<crate::partition::supervisor::PartitionHandle>> {
+        self.supervisor.partition_handles()
+    }
+
+    /// The partitions running on this host.
+    pub fn local_partitions(&self) -> Vec<crate::partition::report::PartitionInfo> {
+        self.supervisor.local_partitions()
     }
 
     /// State lookups and scans.
@@ -505,8 +670,7 @@ impl Baton {
     pub fn shutdown(&self) {
         {
             // No assignment read meanwhile starts a partition again.
-            let _one_at_a_time = self.assigning.lock();
-            self.closing.store(true, Ordering::SeqCst);
+            self.supervisor.close();
             let parts = self.peers.handles();
             for p in &parts {
                 p.stop();
