@@ -104,6 +104,8 @@ pub struct Baton {
     pub(crate) peers: Arc<crate::partition::peers::Peers>,
     /// Protocol steps where tests hold a thread to inject a fault.
     pub(crate) steps: Arc<crate::steps::Steps>,
+    /// Hot swaps and automatic rollbacks.
+    pub(crate) swaps: Arc<crate::control::swap::Swaps>,
     /// The partitions this host runs.
     pub(crate) supervisor: Arc<crate::partition::supervisor::Supervisor>,
     /// This host's standby replicas.
@@ -229,15 +231,28 @@ impl Baton {
                 task: config.task.clone(),
                 state_dir: config.data_dir.join("state"),
             });
+            let swaps = Arc::new(crate::control::swap::Swaps::new(
+                host_id.clone(),
+                log.is_kafka(),
+                control.clone(),
+                catalog_handle.clone(),
+                registry.clone(),
+                supervisor.clone(),
+                {
+                    let me = me.clone();
+                    Box::new(move || me.upgrade().map(|b| b.partitions()).unwrap_or_default())
+                },
+            ));
             {
-                let me = me.clone();
+                let swaps = Arc::downgrade(&swaps);
                 supervisor.set_rollback_recorder(Box::new(move |pipeline, generation, reason| {
-                    if let Some(baton) = me.upgrade() {
-                        baton.auto_rollback(pipeline, generation, reason);
+                    if let Some(swaps) = swaps.upgrade() {
+                        swaps.auto_rollback(pipeline, generation, reason);
                     }
                 }));
             }
             Baton {
+                swaps,
                 me: me.clone(),
                 standbys,
                 supervisor,
@@ -468,6 +483,21 @@ impl Baton {
     /// The partitions running on this host.
     pub fn local_partitions(&self) -> Vec<crate::partition::report::PartitionInfo> {
         self.supervisor.local_partitions()
+    }
+
+    /// Hot swaps of this host's pipelines.
+    pub fn swaps(&self) -> &crate::control::swap::Swaps {
+        &self.swaps
+    }
+
+    /// Events of `pipeline` newer than `after`.
+    pub fn events(
+        &self,
+        pipeline: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<crate::partition::Event>> {
+        self.swaps.events(pipeline, after, limit)
     }
 
     /// State lookups and scans.

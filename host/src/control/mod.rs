@@ -8,7 +8,7 @@ pub(crate) mod modules;
 pub mod names;
 pub mod pipeline;
 pub(crate) mod pipelines;
-mod swap;
+pub mod swap;
 
 pub use pipeline::{Guarantee, PipelineRecord, PipelineSpec, Start};
 

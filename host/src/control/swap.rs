@@ -1,19 +1,66 @@
 //! Hot swaps of a pipeline's module version, coordinated over its partitions, with automatic
-//! rollback, and the pipeline's events.
+//! rollback, and the pipeline's events. A narrow handle: the control log, the catalog, the
+//! module registry, the supervisor, and the partition table the host wires in.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::control::{ControlEvent, PipelineUpdate, SwapRecord, now_ms};
+use parking_lot::Mutex;
+
+use crate::control::log::ControlLog;
+use crate::control::modules::Registry;
+use crate::control::{Catalog, ControlEvent, PipelineRecord, PipelineUpdate, SwapRecord, now_ms};
 use crate::error::{Error, Result};
 use crate::http::model::{SwapPartition, SwapResult, SwapStatus};
+use crate::partition::report::PartitionInfo;
+use crate::partition::supervisor::{PartitionHandle, Supervisor};
 use crate::partition::{Event, SwapOutcome};
 
-use crate::app::{Baton, PartitionHandle};
+/// The cluster's partition table, as the host makes it (its own partitions live, the others'
+/// as their owners report them).
+pub type Table = Box<dyn Fn() -> Vec<PartitionInfo> + Send + Sync>;
 
-impl Baton {
+/// Hot swaps and automatic rollbacks of this host's pipelines.
+pub struct Swaps {
+    host_id: String,
+    /// Whether the host runs on Kafka: partitions on other hosts report their swaps.
+    cluster: bool,
+    control: Arc<ControlLog>,
+    catalog: Arc<Mutex<Catalog>>,
+    registry: Arc<Registry>,
+    supervisor: Arc<Supervisor>,
+    table: Table,
+}
+
+impl Swaps {
+    /// Swaps over these handles; `table` is the cluster's partition table.
+    pub fn new(
+        host_id: String,
+        cluster: bool,
+        control: Arc<ControlLog>,
+        catalog: Arc<Mutex<Catalog>>,
+        registry: Arc<Registry>,
+        supervisor: Arc<Supervisor>,
+        table: Table,
+    ) -> Self {
+        Swaps {
+            host_id,
+            cluster,
+            control,
+            catalog,
+            registry,
+            supervisor,
+            table,
+        }
+    }
+
+    fn pipeline(&self, name: &str) -> Result<PipelineRecord> {
+        self.catalog.lock().pipeline(name)
+    }
+
     /// Switches `pipeline` to `version` of its module at every partition's next batch boundary
     /// and waits (up to `wait`) until each reports; a version that fails is rolled back.
-    pub fn swap_module(&self, pipeline: &str, version: &str, wait: Duration) -> Result<SwapResult> {
+    pub fn swap(&self, pipeline: &str, version: &str, wait: Duration) -> Result<SwapResult> {
         let (generation, target) = {
             let _g = self.control.lock();
             let record = self.pipeline(pipeline)?;
@@ -75,10 +122,10 @@ impl Baton {
         // Partitions on other hosts swap when their hosts follow the event; their reports come
         // with the hosts' load reports (once a second), within a second of clock skew.
         let remote = || -> Vec<SwapPartition> {
-            if !self.log.is_kafka() {
+            if !self.cluster {
                 return Vec::new();
             }
-            self.partitions()
+            (self.table)()
                 .into_iter()
                 .filter(|p| p.pipeline == pipeline && p.owner != self.host_id)
                 .map(|p| SwapPartition {
@@ -210,7 +257,7 @@ impl Baton {
         }
     }
 
-    /// One attempt of [`Baton::auto_rollback`]: false when the append failed.
+    /// One attempt of [`Swaps::auto_rollback`]: false when the append failed.
     pub(crate) fn try_auto_rollback(&self, pipeline: &str, generation: u64, reason: &str) -> bool {
         let _g = self.control.lock();
         let Some(target) = self.supervisor.target(pipeline) else {

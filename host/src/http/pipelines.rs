@@ -185,7 +185,7 @@ async fn swap(
 ) -> Result<(StatusCode, Json<SwapResult>), ApiError> {
     let Path(pipeline) = path?;
     let Json(body) = body?;
-    let result = blocking(move || baton.swap_module(&pipeline, &body.version, SWAP_WAIT)).await?;
+    let result = blocking(move || baton.swaps().swap(&pipeline, &body.version, SWAP_WAIT)).await?;
     match result.outcome {
         SwapStatus::RolledBack => Err(ApiError::new(
             StatusCode::CONFLICT,
