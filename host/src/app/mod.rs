@@ -118,10 +118,8 @@ pub struct Baton {
     /// The control log: appends, read-backs, and the lock that serialises this host's
     /// control-plane changes (never held across topic creation or module chunk appends).
     pub(crate) control: Arc<crate::control::log::ControlLog>,
-    /// Pipeline names whose creation or deletion is in progress.
-    pub(crate) creating: Mutex<std::collections::BTreeSet<String>>,
-    /// Pipelines being deleted.
-    pub(crate) deleting: Mutex<std::collections::BTreeSet<String>>,
+    /// Pipelines: creation, changes, deletion, dead-letter replays.
+    pub(crate) pipelines: Arc<crate::control::pipelines::Pipelines>,
     /// This host's id.
     pub(crate) host_id: String,
     /// The base URL of this host's API, as it advertises it.
@@ -251,6 +249,24 @@ impl Baton {
                     }
                 }));
             }
+            let pipelines = Arc::new(crate::control::pipelines::Pipelines::new(
+                config.cluster.clone(),
+                config.data_dir.join("state"),
+                config.native_modules.clone(),
+                log.clone(),
+                control.clone(),
+                catalog_handle.clone(),
+                supervisor.clone(),
+                runtime.clone(),
+                {
+                    let me = me.clone();
+                    Box::new(move |record| {
+                        me.upgrade()
+                            .map(|b| b.initial_assignments(record))
+                            .unwrap_or_default()
+                    })
+                },
+            ));
             Baton {
                 swaps,
                 me: me.clone(),
@@ -287,8 +303,7 @@ impl Baton {
                 peers,
                 steps,
                 round_robin: AtomicU32::new(0),
-                creating: Mutex::new(Default::default()),
-                deleting: Mutex::new(Default::default()),
+                pipelines,
                 host_id,
                 address,
                 membership: std::sync::OnceLock::new(),
@@ -483,6 +498,55 @@ impl Baton {
     /// The partitions running on this host.
     pub fn local_partitions(&self) -> Vec<crate::partition::report::PartitionInfo> {
         self.supervisor.local_partitions()
+    }
+
+    /// Creates a pipeline ([`crate::control::pipelines::Pipelines::create`]).
+    pub fn create_pipeline(
+        &self,
+        spec: crate::control::PipelineSpec,
+    ) -> Result<crate::control::pipelines::PipelineInfo> {
+        self.pipelines.create(spec)
+    }
+
+    /// Deletes a pipeline; with `purge`, its state too.
+    pub fn delete_pipeline(
+        &self,
+        name: &str,
+        purge: bool,
+    ) -> Result<crate::control::PipelineDeletion> {
+        self.pipelines.delete(name, purge)
+    }
+
+    /// Replays a pipeline's dead letters (of one slot, or all; from/to offsets).
+    pub fn replay_dead_letters(
+        &self,
+        name: &str,
+        slot: Option<u32>,
+        from: Option<u64>,
+        to: Option<u64>,
+    ) -> Result<crate::control::DeadLetterReplay> {
+        self.pipelines.replay(name, slot, from, to)
+    }
+
+    /// Every pipeline, as the API shows it.
+    pub fn pipelines(&self) -> Vec<crate::control::pipelines::PipelineInfo> {
+        self.pipelines.list()
+    }
+
+    /// A pipeline's record.
+    pub fn pipeline(&self, name: &str) -> Result<PipelineRecord> {
+        self.pipelines.get(name)
+    }
+
+    /// Changes a running pipeline's settings; `Ok((info, false))` when some partition had not
+    /// applied them within `wait`.
+    pub fn update_pipeline(
+        &self,
+        name: &str,
+        patch: crate::control::pipelines::PipelinePatch,
+        wait: std::time::Duration,
+    ) -> Result<(crate::control::pipelines::PipelineInfo, bool)> {
+        self.pipelines.update(name, patch, wait)
     }
 
     /// Hot swaps of this host's pipelines.

@@ -7,7 +7,7 @@ pub(crate) mod log;
 pub(crate) mod modules;
 pub mod names;
 pub mod pipeline;
-pub(crate) mod pipelines;
+pub mod pipelines;
 pub mod swap;
 
 pub use pipeline::{Guarantee, PipelineRecord, PipelineSpec, Start};

@@ -1,31 +1,134 @@
 //! Pipelines: creation, settings changes, deletion, dead-letter replays, and what the API
-//! shows of them.
+//! shows of them. A narrow handle: the log, the control log, the catalog, the supervisor, the
+//! runtime, and where new partitions go (which the host wires in).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use serde::Serialize;
 
-use crate::control::pipeline::{changelog_topic, dlq_topic};
+use crate::control::log::ControlLog;
+use crate::control::pipeline::{GuestLimits, SwapPolicy, changelog_topic, dlq_topic};
 use crate::control::{
-    ControlEvent, DeadLetterReplay, PipelineDeletion, PipelineRecord, PipelineSpec, PipelineUpdate,
-    ReplayRange, Start, now_ms,
+    AssignmentRecord, Catalog, ControlEvent, DeadLetterReplay, PipelineDeletion, PipelineRecord,
+    PipelineSpec, PipelineUpdate, ReplayRange, Start, SwapRecord, now_ms,
 };
 use crate::error::{Error, Result};
-use crate::http::model::{PipelineInfo, PipelinePatch, PipelinePhase};
+use crate::partition::supervisor::Supervisor;
 use crate::partition::{Phase, Settings};
-use crate::runtime::WriteLimits;
-use crate::transport::TopicKind;
+use crate::runtime::host::WasiGrants;
+use crate::runtime::{NativeModule, Runtime, WriteLimits};
+use crate::transport::{Log, TopicKind};
 
-use crate::app::Baton;
+/// A pipeline as `GET /api/v1/pipelines` shows it.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct PipelineInfo {
+    /// The spec.
+    #[serde(flatten)]
+    pub spec: PipelineSpec,
+    /// sha256 of the running module.
+    pub sha256: String,
+    /// The dead-letter topic.
+    pub dlq: String,
+    /// Creation time (ms since the epoch).
+    pub created_at: i64,
+    /// The last swaps of its module version, with the reason of automatic rollbacks.
+    pub swaps: Vec<SwapRecord>,
+    /// `starting`, `running`, `failed` or `deleting`.
+    pub phase: PipelinePhase,
+    /// Why it failed, when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
 
-impl Baton {
+/// What a pipeline is doing, as `GET /api/v1/pipelines/{p}` shows it.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum PipelinePhase {
+    /// Its partitions are starting or restoring.
+    Starting,
+    /// Every partition runs.
+    Running,
+    /// It could not start, or a partition failed for good; `reason` says why.
+    Failed,
+    /// It is being deleted.
+    Deleting,
+}
+
+/// The body of `PATCH /api/v1/pipelines/{p}`: what to change; what is absent stays.
+#[derive(Debug, Clone, Default, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PipelinePatch {
+    /// New guest limits (all of them: absent fields take their defaults).
+    pub limits: Option<GuestLimits>,
+    /// New config for `init`.
+    pub config: Option<serde_json::Map<String, serde_json::Value>>,
+    /// New swap policy.
+    pub swap: Option<SwapPolicy>,
+    /// New WASI grants.
+    pub wasi: Option<WasiGrants>,
+    /// New commit interval, in milliseconds.
+    pub commit_interval_ms: Option<u64>,
+}
+
+/// Where a new pipeline's partitions go: its first assignments (the host wires it in).
+pub type Placement = Box<dyn Fn(&PipelineRecord) -> Vec<AssignmentRecord> + Send + Sync>;
+
+/// The pipelines of the cluster as this host changes them.
+pub struct Pipelines {
+    /// The cluster's name: the prefix of its topics.
+    cluster: String,
+    /// `<data dir>/state`: a purge deletes `<pipeline>` under it.
+    state_dir: PathBuf,
+    native: Vec<NativeModule>,
+    log: Log,
+    control: Arc<ControlLog>,
+    catalog: Arc<Mutex<Catalog>>,
+    supervisor: Arc<Supervisor>,
+    runtime: Arc<Runtime>,
+    placement: Placement,
+    /// Pipeline names whose creation or deletion is in progress.
+    creating: Mutex<BTreeSet<String>>,
+    /// Pipelines being deleted.
+    deleting: Mutex<BTreeSet<String>>,
+}
+
+impl Pipelines {
+    /// Pipelines over these handles.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        cluster: String,
+        state_dir: PathBuf,
+        native: Vec<NativeModule>,
+        log: Log,
+        control: Arc<ControlLog>,
+        catalog: Arc<Mutex<Catalog>>,
+        supervisor: Arc<Supervisor>,
+        runtime: Arc<Runtime>,
+        placement: Placement,
+    ) -> Self {
+        Pipelines {
+            cluster,
+            state_dir,
+            native,
+            log,
+            control,
+            catalog,
+            supervisor,
+            runtime,
+            placement,
+            creating: Mutex::new(BTreeSet::new()),
+            deleting: Mutex::new(BTreeSet::new()),
+        }
+    }
+
     /// Creates a pipeline: checks the spec, creates missing topics, records it in the control
     /// log and starts its partitions.
-    pub fn create_pipeline(&self, spec: PipelineSpec) -> Result<PipelineInfo> {
-        spec.validate(&self.config.cluster)
-            .map_err(Error::BadRequest)?;
+    pub fn create(&self, spec: PipelineSpec) -> Result<PipelineInfo> {
+        spec.validate(&self.cluster).map_err(Error::BadRequest)?;
         // The name is reserved while its topics are checked and created, without holding the
         // control lock across those broker round trips.
         let _reservation = self.reserve_name(&spec.name)?;
@@ -51,8 +154,7 @@ impl Baton {
             {
                 Some(m) => m.sha256.clone(),
                 None if let Some(m) = self
-                    .config
-                    .native_modules
+                    .native
                     .iter()
                     .find(|m| m.name == spec.module && m.version == spec.version) =>
                 {
@@ -67,7 +169,7 @@ impl Baton {
             }
         };
         // Check every topic before creating any, so that a refusal leaves nothing behind.
-        let dlq = dlq_topic(&self.config.cluster, &spec.name);
+        let dlq = dlq_topic(&self.cluster, &spec.name);
         let mut topics: Vec<(String, TopicKind)> = spec
             .inputs
             .iter()
@@ -78,7 +180,7 @@ impl Baton {
         if self.log.is_kafka() {
             topics.extend(spec.state_stores().iter().map(|s| {
                 (
-                    changelog_topic(&self.config.cluster, &spec.name, s),
+                    changelog_topic(&self.cluster, &spec.name, s),
                     TopicKind::Compacted,
                 )
             }));
@@ -127,7 +229,7 @@ impl Baton {
             sha256,
             start_offsets,
             created_at: now_ms(),
-            prefix: self.config.cluster.clone(),
+            prefix: self.cluster.clone(),
             swaps: Vec::new(),
             replays: BTreeMap::new(),
             incarnation: Some(
@@ -165,7 +267,7 @@ impl Baton {
             let mut last = None;
             {
                 let _g = self.control.lock();
-                for a in self.initial_assignments(&record) {
+                for a in (self.placement)(&record) {
                     match self.control.append(&ControlEvent::Assigned(a)) {
                         Ok(at) => last = Some(at),
                         // The controller assigns what is left unassigned.
@@ -248,7 +350,7 @@ impl Baton {
     /// Deletes a pipeline: records the deletion in the control log, then stops its partitions.
     /// With `purge`, also deletes its state (changelogs, dead letters, consumer group, local
     /// state) and frees the name; without, the name stays taken while the state exists.
-    pub fn delete_pipeline(&self, name: &str, purge: bool) -> Result<PipelineDeletion> {
+    pub fn delete(&self, name: &str, purge: bool) -> Result<PipelineDeletion> {
         let (record, live) = {
             let catalog = self.catalog.lock();
             match (catalog.pipelines.get(name), catalog.deleted.get(name)) {
@@ -301,7 +403,7 @@ impl Baton {
             let purged = (|| -> Result<()> {
                 self.log.delete_topics(&topics)?;
                 self.log.delete_group(&record.group_id())?;
-                let dir = self.config.data_dir.join("state").join(name);
+                let dir = self.state_dir.join(name);
                 if dir.exists() {
                     std::fs::remove_dir_all(&dir)
                         .map_err(|e| Error::Internal(format!("deleting {}: {e}", dir.display())))?;
@@ -324,14 +426,14 @@ impl Baton {
     /// `slot` (every slot without it) from `from` to `to` (by default, from where the last
     /// replay of the slot ended to the end of the dead-letter topic now). A range that starts
     /// before the end of an earlier one is refused: no dead letter is replayed twice.
-    pub fn replay_dead_letters(
+    pub fn replay(
         &self,
         name: &str,
         slot: Option<u32>,
         from: Option<u64>,
         to: Option<u64>,
     ) -> Result<DeadLetterReplay> {
-        let record = self.pipeline(name)?;
+        let record = self.get(name)?;
         if slot.is_none() && (from.is_some() || to.is_some()) {
             return Err(Error::BadRequest(
                 "`from` and `to` are offsets of one partition of the dead-letter topic: name \
@@ -356,7 +458,7 @@ impl Baton {
         }
         let dlq = record.dlq_topic();
         let _g = self.control.lock();
-        let record = self.pipeline(name)?;
+        let record = self.get(name)?;
         let mut ranges = Vec::new();
         for s in slots {
             let done = record
@@ -385,7 +487,7 @@ impl Baton {
             self.control
                 .commit(ControlEvent::DeadLettersReplayed(replay.clone()))?;
             // A replay another host recorded at the same time may have come first in the log.
-            let record = self.pipeline(name)?;
+            let record = self.get(name)?;
             let counted = replay.ranges.iter().all(|r| {
                 record
                     .replays
@@ -404,7 +506,7 @@ impl Baton {
     }
 
     /// Every pipeline.
-    pub fn pipelines(&self) -> Vec<PipelineInfo> {
+    pub fn list(&self) -> Vec<PipelineInfo> {
         self.catalog
             .lock()
             .pipelines
@@ -417,7 +519,7 @@ impl Baton {
     }
 
     /// One pipeline.
-    pub fn pipeline(&self, name: &str) -> Result<PipelineRecord> {
+    pub fn get(&self, name: &str) -> Result<PipelineRecord> {
         self.catalog.lock().pipeline(name)
     }
 
@@ -425,7 +527,7 @@ impl Baton {
     /// new config must pass the module's `init`), recorded in the control log, then applied at
     /// each partition's next batch boundary, as a swap is. Waits up to `wait` for every
     /// partition; `Ok((info, false))` when some had not reached a batch boundary by then.
-    pub fn update_pipeline(
+    pub fn update(
         &self,
         name: &str,
         patch: PipelinePatch,
@@ -446,7 +548,7 @@ impl Baton {
         // and a rollback) cannot interleave and leave the partitions on other settings than
         // the catalog.
         let control = self.control.lock();
-        let record = self.pipeline(name)?;
+        let record = self.get(name)?;
         let update = PipelineUpdate {
             pipeline: name.to_string(),
             limits: patch.limits,
@@ -459,8 +561,7 @@ impl Baton {
         };
         let mut spec = record.spec.clone();
         update.apply_to(&mut spec);
-        spec.validate(&self.config.cluster)
-            .map_err(Error::BadRequest)?;
+        spec.validate(&self.cluster).map_err(Error::BadRequest)?;
         let settings = Settings::of(&spec);
         let target = self
             .supervisor
@@ -468,10 +569,9 @@ impl Baton {
             .ok_or_else(|| Error::Unavailable(format!("pipeline `{name}` is not running here")))?;
         // The new config must pass `init` before anything changes.
         if let Some(db) = self
-            .peers
-            .handles()
-            .iter()
-            .find(|h| h.pipeline == name)
+            .supervisor
+            .pipeline_partitions(name)
+            .first()
             .map(|h| h.db.clone())
         {
             let ctx = crate::runtime::HostCtx::new(
@@ -496,7 +596,7 @@ impl Baton {
         drop(control);
         let Some(generation) = target.made_by(at) else {
             // The pipeline stopped here, or changed again at once.
-            let record = self.pipeline(name)?;
+            let record = self.get(name)?;
             return Ok((self.pipeline_info(&record), false));
         };
         tracing::info!(pipeline = name, generation, "pipeline settings changed");
@@ -516,14 +616,14 @@ impl Baton {
             }
             std::thread::sleep(Duration::from_millis(2));
         };
-        let record = self.pipeline(name)?;
+        let record = self.get(name)?;
         Ok((self.pipeline_info(&record), applied))
     }
 }
 
 /// A pipeline name held by a creation in progress.
 pub(crate) struct NameReservation<'a> {
-    set: &'a Mutex<std::collections::BTreeSet<String>>,
+    set: &'a Mutex<BTreeSet<String>>,
     name: String,
 }
 

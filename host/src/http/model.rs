@@ -4,62 +4,9 @@
 use serde::Serialize;
 
 pub use crate::app::{ProduceRecord, Produced};
-use crate::control::pipeline::{GuestLimits, SwapPolicy};
-use crate::control::{PipelineSpec, SwapRecord};
+pub use crate::control::pipelines::{PipelineInfo, PipelinePatch, PipelinePhase};
 use crate::partition::SwapReport;
 pub use crate::partition::report::{PartitionInfo, PartitionState, ReplicaInfo, Role};
-use crate::runtime::host::WasiGrants;
-
-/// A pipeline as `GET /api/v1/pipelines` shows it.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct PipelineInfo {
-    /// The spec.
-    #[serde(flatten)]
-    pub spec: PipelineSpec,
-    /// sha256 of the running module.
-    pub sha256: String,
-    /// The dead-letter topic.
-    pub dlq: String,
-    /// Creation time (ms since the epoch).
-    pub created_at: i64,
-    /// The last swaps of its module version, with the reason of automatic rollbacks.
-    pub swaps: Vec<SwapRecord>,
-    /// `starting`, `running`, `failed` or `deleting`.
-    pub phase: PipelinePhase,
-    /// Why it failed, when it did.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-}
-
-/// What a pipeline is doing, as `GET /api/v1/pipelines/{p}` shows it.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, schemars::JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum PipelinePhase {
-    /// Its partitions are starting or restoring.
-    Starting,
-    /// Every partition runs.
-    Running,
-    /// It could not start, or a partition failed for good; `reason` says why.
-    Failed,
-    /// It is being deleted.
-    Deleting,
-}
-
-/// The body of `PATCH /api/v1/pipelines/{p}`: what to change; what is absent stays.
-#[derive(Debug, Clone, Default, serde::Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PipelinePatch {
-    /// New guest limits (all of them: absent fields take their defaults).
-    pub limits: Option<GuestLimits>,
-    /// New config for `init`.
-    pub config: Option<serde_json::Map<String, serde_json::Value>>,
-    /// New swap policy.
-    pub swap: Option<SwapPolicy>,
-    /// New WASI grants.
-    pub wasi: Option<WasiGrants>,
-    /// New commit interval, in milliseconds.
-    pub commit_interval_ms: Option<u64>,
-}
 
 /// The answer to a hot swap.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
