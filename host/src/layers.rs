@@ -142,3 +142,40 @@ fn a_reference_is_a_path_not_a_longer_name() {
     assert!(!refers("let my_rocksdb::x = 1;", "rocksdb"));
     assert!(!refers("use librocksdb_sys;", "rocksdb"));
 }
+
+/// The `.rs` files under `dir`, recursively.
+fn sources(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(sources(&p));
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn only_app_implements_the_host() {
+    // `Baton` is wiring: the parts below it take narrow handles, not `&Baton`.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let files = sources(&src);
+    assert!(files.len() > 20, "{} source files", files.len());
+    let offenders: Vec<String> = files
+        .iter()
+        .filter(|f| !f.starts_with(src.join("app")))
+        .filter(|f| {
+            std::fs::read_to_string(f)
+                .unwrap()
+                .lines()
+                .any(|l| l.trim_start().starts_with("impl Baton"))
+        })
+        .map(|f| f.display().to_string())
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "`impl Baton` outside app: {offenders:?}"
+    );
+}

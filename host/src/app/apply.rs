@@ -121,7 +121,7 @@ impl Baton {
                     .and_then(|ms| ms.iter().find(|m| m.id == id))
                     .cloned();
                 if let Some(m) = effective {
-                    self.on_move(&m);
+                    self.moves.on_move(&m);
                 }
             }
             // The target reads it from the log-ordered catalog.

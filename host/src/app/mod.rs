@@ -124,16 +124,18 @@ pub struct Baton {
     pub(crate) host_id: String,
     /// The base URL of this host's API, as it advertises it.
     pub(crate) address: Arc<RwLock<String>>,
-    /// The hosts of the cluster.
-    pub(crate) membership: std::sync::OnceLock<Box<dyn crate::cluster::Membership>>,
+    /// The hosts of the cluster, over its membership once it joined.
+    pub(crate) cluster: crate::cluster::Hosts,
+    /// Live moves of partitions.
+    pub(crate) moves: Arc<crate::cluster::moves::Moves>,
+    /// The controller, and the assignments this host writes itself.
+    pub(crate) controller: Arc<crate::control::controller::Controller>,
     /// What the replay at start read.
     pub(crate) replay: crate::control::log::ReplayStats,
     /// Stops the follower and the controller.
     pub(crate) background_stop: Arc<std::sync::atomic::AtomicBool>,
     /// The follower's and the controller's threads.
     pub(crate) background: Mutex<Vec<std::thread::JoinHandle<()>>>,
-    /// Pauses of the moves this host took over.
-    pub(crate) pauses: Mutex<crate::cluster::moves::Pauses>,
 }
 
 impl Baton {
@@ -198,6 +200,7 @@ impl Baton {
         )?);
         let peers = Arc::new(crate::partition::peers::Peers::default());
         let background_stop = Arc::new(AtomicBool::new(false));
+        let cluster = crate::cluster::Hosts::new(host_id.clone());
         let baton = Arc::new_cyclic(|me: &std::sync::Weak<Baton>| {
             let standbys = {
                 let me = me.clone();
@@ -210,7 +213,7 @@ impl Baton {
                     config.data_dir.join("state"),
                     background_stop.clone(),
                     Box::new(move |partition| match me.upgrade() {
-                        Some(b) => b.check_state_disk(partition),
+                        Some(b) => b.moves.check_state_disk(partition),
                         None => Err("the host stopped".into()),
                     }),
                 )
@@ -249,6 +252,42 @@ impl Baton {
                     }
                 }));
             }
+            let moves = crate::cluster::moves::Moves::new(crate::cluster::moves::MovesParts {
+                host_id: host_id.clone(),
+                log: log.clone(),
+                state: state.clone(),
+                catalog: catalog_handle.clone(),
+                control: control.clone(),
+                peers: peers.clone(),
+                supervisor: supervisor.clone(),
+                standbys: standbys.clone(),
+                steps: steps.clone(),
+                hosts: cluster.clone(),
+                stop: background_stop.clone(),
+                token: config.token.clone(),
+                drained_hold: config.drained_hold,
+                handoff_timeout: config.handoff_timeout,
+                state_disk: config.state_disk,
+                state_dir: config.data_dir.join("state"),
+                partition_bytes: {
+                    let me = me.clone();
+                    Box::new(move |partition| {
+                        me.upgrade()
+                            .and_then(|b| b.partitions().into_iter().find(|p| p.id == partition))
+                            .map_or(0, |p| p.state_bytes)
+                    })
+                },
+            });
+            let controller = crate::control::controller::Controller::new(
+                host_id.clone(),
+                config.cluster.clone(),
+                config.kafka.clone(),
+                log.clone(),
+                cluster.clone(),
+                catalog_handle.clone(),
+                control.clone(),
+                moves.clone(),
+            );
             let pipelines = Arc::new(crate::control::pipelines::Pipelines::new(
                 config.cluster.clone(),
                 config.data_dir.join("state"),
@@ -259,12 +298,8 @@ impl Baton {
                 supervisor.clone(),
                 runtime.clone(),
                 {
-                    let me = me.clone();
-                    Box::new(move |record| {
-                        me.upgrade()
-                            .map(|b| b.initial_assignments(record))
-                            .unwrap_or_default()
-                    })
+                    let controller = controller.clone();
+                    Box::new(move |record| controller.initial_assignments(record))
                 },
             ));
             Baton {
@@ -283,7 +318,8 @@ impl Baton {
                             host_id.clone(),
                             Box::new(move |id| {
                                 let b: Arc<Baton> = me.upgrade()?;
-                                b.hosts()
+                                b.cluster
+                                    .all()
                                     .into_iter()
                                     .find(|h| h.id == id)
                                     .map(|h| h.address)
@@ -306,11 +342,12 @@ impl Baton {
                 pipelines,
                 host_id,
                 address,
-                membership: std::sync::OnceLock::new(),
+                cluster,
+                moves,
+                controller,
                 replay,
                 background_stop,
                 background: Mutex::new(Vec::new()),
-                pauses: Mutex::new(Default::default()),
             }
         });
         {
@@ -331,7 +368,7 @@ impl Baton {
         let pipelines: Vec<PipelineRecord> = catalog.pipelines.values().cloned().collect();
         *baton.catalog.lock() = catalog;
         // Moves this host was part of when it stopped: its releases stay held.
-        let unfinished = baton.moves_left_by_restart();
+        let unfinished = baton.moves.moves_left_by_restart();
         // A pipeline that cannot start here shows `failed` with the reason; the others run.
         for p in pipelines {
             baton.supervisor.start_or_record(Arc::new(p));
@@ -346,13 +383,15 @@ impl Baton {
                     stop.clone(),
                     crate::control::log::Snapshots {
                         every: baton.config.control_snapshot_every,
-                        due: Box::new(move || me.upgrade().is_some_and(|b| b.is_controller())),
+                        due: Box::new(move || {
+                            me.upgrade().is_some_and(|b| b.cluster.is_controller())
+                        }),
                     },
                 )?
             };
-            let controller = baton.run_controller(stop)?;
+            let controller = baton.controller.run(stop)?;
             baton.background.lock().extend([follower, controller]);
-            baton.settle_moves_left_by_restart(unfinished);
+            baton.moves.settle_moves_left_by_restart(unfinished);
         }
         tracing::info!(data_dir = %baton.config.data_dir.display(), "baton host open");
         Ok(baton)
@@ -391,11 +430,7 @@ impl Baton {
             return local;
         }
         let assignments = self.catalog.lock().assignments.clone();
-        let reported = self
-            .membership
-            .get()
-            .map(|m| m.reported())
-            .unwrap_or_default();
+        let reported = self.cluster.reported();
         let mut table: std::collections::BTreeMap<String, PartitionInfo> = local
             .into_iter()
             .filter(|p| {
@@ -684,7 +719,7 @@ impl Baton {
                     sampler,
                 )),
             };
-        let _ = self.membership.set(membership);
+        self.cluster.set(membership);
         Ok(())
     }
 
@@ -703,31 +738,37 @@ impl Baton {
 
     /// The hosts of the cluster, as this host sees them.
     pub fn hosts(&self) -> Vec<crate::cluster::HostInfo> {
-        self.membership.get().map(|m| m.hosts()).unwrap_or_default()
-    }
-
-    /// The ids of the live hosts, as this host sees them.
-    pub(crate) fn live_hosts(&self) -> Vec<String> {
-        self.hosts()
-            .into_iter()
-            .filter(|h| h.alive)
-            .map(|h| h.id)
-            .collect()
-    }
-
-    /// True if this host is the cluster's controller now (always, alone on the embedded log).
-    pub(crate) fn is_controller(&self) -> bool {
-        self.hosts()
-            .iter()
-            .any(|h| h.id == self.host_id && h.alive && h.controller)
+        self.cluster.all()
     }
 
     /// The live controller other than this host, as (id, address), if there is one.
     pub(crate) fn other_controller(&self) -> Option<(String, String)> {
-        self.hosts()
-            .into_iter()
-            .find(|h| h.alive && h.controller && h.id != self.host_id)
-            .map(|h| (h.id, h.address))
+        self.cluster.other_controller()
+    }
+
+    /// Begins moving `partition` to host `to` ([`crate::cluster::moves::Moves::request_move`]).
+    pub fn request_move(&self, partition: &str, to: &str) -> Result<String> {
+        self.moves.request_move(partition, to)
+    }
+
+    /// The owner's side of a handoff ([`crate::cluster::moves::Moves::drain_for_move`]).
+    pub fn drain_for_move(
+        &self,
+        partition: &str,
+        move_id: &str,
+    ) -> Result<crate::cluster::moves::Drained> {
+        self.moves.drain_for_move(partition, move_id)
+    }
+
+    /// Before a clean stop: moves this host's partitions away, warm
+    /// ([`crate::cluster::moves::Moves::move_away`]).
+    pub fn move_away(&self) {
+        self.moves.move_away()
+    }
+
+    /// Pauses (ms) of the moves this host took over, oldest first.
+    pub fn move_pauses(&self) -> Vec<f64> {
+        self.moves.pauses()
     }
 
     /// The next control-log offset this host's follower reads (how far it has applied the log).
@@ -753,13 +794,6 @@ impl Baton {
         self.replay
     }
 
-    /// The ids of the live hosts other than this one.
-    pub(crate) fn live_others(&self) -> Vec<String> {
-        let mut others = self.live_hosts();
-        others.retain(|h| *h != self.host_id);
-        others
-    }
-
     /// Stops every partition at its next batch boundary and waits for them.
     pub fn shutdown(&self) {
         {
@@ -774,7 +808,7 @@ impl Baton {
             }
         }
         // Committed and stopped: their next owners may start now.
-        self.hand_off();
+        self.controller.hand_off();
         for p in self.peers.standbys() {
             self.standbys.stop(&p);
         }
@@ -787,9 +821,7 @@ impl Baton {
                 let _ = t.join();
             }
         }
-        if let Some(m) = self.membership.get() {
-            m.leave();
-        }
+        self.cluster.leave();
         tracing::info!("baton host stopped");
     }
 

@@ -190,7 +190,7 @@ impl Membership for KafkaMembership {
             .collect()
     }
 
-    fn reported(&self) -> BTreeMap<String, Vec<crate::http::model::PartitionInfo>> {
+    fn reported(&self) -> BTreeMap<String, Vec<crate::partition::report::PartitionInfo>> {
         self.seen
             .lock()
             .reports

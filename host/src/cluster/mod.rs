@@ -12,6 +12,7 @@ pub mod moves;
 pub mod standby;
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -83,7 +84,7 @@ pub struct LoadReport {
     /// Its partitions as the partition table shows them, so that every host shows every
     /// partition.
     #[serde(default)]
-    pub detail: Vec<crate::http::model::PartitionInfo>,
+    pub detail: Vec<crate::partition::report::PartitionInfo>,
 }
 
 /// A host's load, as `GET /api/v1/hosts` shows it.
@@ -139,8 +140,87 @@ pub trait Membership: Send + Sync {
     /// Stops taking part (leaves the group at once rather than by timing out).
     fn leave(&self);
     /// The partitions each other host reported last, by host id.
-    fn reported(&self) -> BTreeMap<String, Vec<crate::http::model::PartitionInfo>> {
+    fn reported(&self) -> BTreeMap<String, Vec<crate::partition::report::PartitionInfo>> {
         BTreeMap::new()
+    }
+}
+
+/// The hosts of the cluster as this host sees them: a handle the host's parts share over its
+/// membership, which is set once the host joins (before that, no host is known).
+#[derive(Clone)]
+pub struct Hosts {
+    host_id: String,
+    membership: Arc<OnceLock<Box<dyn Membership>>>,
+}
+
+impl Hosts {
+    /// A handle for host `host_id`, with no membership yet.
+    pub fn new(host_id: String) -> Self {
+        Hosts {
+            host_id,
+            membership: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Sets the membership, once; a second call is ignored.
+    pub fn set(&self, membership: Box<dyn Membership>) {
+        let _ = self.membership.set(membership);
+    }
+
+    /// This host's id.
+    pub fn host_id(&self) -> &str {
+        &self.host_id
+    }
+
+    /// Every host known ([`Membership::hosts`]).
+    pub fn all(&self) -> Vec<HostInfo> {
+        self.membership.get().map(|m| m.hosts()).unwrap_or_default()
+    }
+
+    /// The ids of the live hosts.
+    pub fn live(&self) -> Vec<String> {
+        self.all()
+            .into_iter()
+            .filter(|h| h.alive)
+            .map(|h| h.id)
+            .collect()
+    }
+
+    /// The ids of the live hosts other than this one.
+    pub fn live_others(&self) -> Vec<String> {
+        let mut others = self.live();
+        others.retain(|h| *h != self.host_id);
+        others
+    }
+
+    /// True if this host is the cluster's controller now (always, alone on the embedded log).
+    pub fn is_controller(&self) -> bool {
+        self.all()
+            .iter()
+            .any(|h| h.id == self.host_id && h.alive && h.controller)
+    }
+
+    /// The live controller other than this host, as (id, address), if there is one.
+    pub fn other_controller(&self) -> Option<(String, String)> {
+        self.all()
+            .into_iter()
+            .find(|h| h.alive && h.controller && h.id != self.host_id)
+            .map(|h| (h.id, h.address))
+    }
+
+    /// The partitions each other host reported last ([`Membership::reported`]).
+    pub fn reported(&self) -> BTreeMap<String, Vec<crate::partition::report::PartitionInfo>> {
+        self.membership
+            .get()
+            .map(|m| m.reported())
+            .unwrap_or_default()
+    }
+
+    /// Leaves the cluster ([`Membership::leave`]), if it joined.
+    pub fn leave(&self) {
+        if let Some(m) = self.membership.get() {
+            m.leave();
+        }
     }
 }
 
@@ -154,7 +234,7 @@ pub struct LoadSample {
     /// Partitions running now.
     pub partitions: u32,
     /// Their rows of the partition table.
-    pub detail: Vec<crate::http::model::PartitionInfo>,
+    pub detail: Vec<crate::partition::report::PartitionInfo>,
 }
 
 /// Where load samples come from (the host's partitions).

@@ -34,21 +34,28 @@
 //! Abandonments the controller decides (a host left) are written by its fenced producer.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::app::Baton;
+use crate::cluster::Hosts;
+use crate::cluster::standby::Standbys;
+use crate::control::Catalog;
+use crate::control::log::ControlLog;
 use crate::control::{
     AssignmentRecord, ChangelogEnd, ControlEvent, InputOffset, MovePhase, MoveRecord, MoveStep,
     PipelineRecord, ReleaseRecord, now_ms,
 };
 use crate::error::{Error, Result};
-use crate::http::model::Role;
 use crate::partition::kafka::Prepared;
-use crate::partition::peers::{PeerState, Replica};
+use crate::partition::peers::{PeerState, Peers, Replica};
+use crate::partition::report::Role;
+use crate::partition::supervisor::Supervisor;
 use crate::partition::tail::Tail;
 
 /// A target this many changelog records (or fewer) behind the owner asks it to hand off.
@@ -120,16 +127,76 @@ pub struct DrainRequest {
     pub move_id: String,
 }
 
-impl Baton {
+/// What moves work over: narrow handles on this host's parts, and its settings for moves.
+pub struct MovesParts {
+    /// This host's id.
+    pub host_id: String,
+    /// The log the host runs on (moves need Kafka).
+    pub log: crate::transport::Log,
+    /// The shared state environment, where a target opens the partition's database.
+    pub state: Arc<crate::state::StateEnv>,
+    /// The catalog, as the follower applies it.
+    pub catalog: Arc<Mutex<Catalog>>,
+    /// The control log.
+    pub control: Arc<ControlLog>,
+    /// What this host is for each partition.
+    pub peers: Arc<Peers>,
+    /// The partitions this host runs.
+    pub supervisor: Arc<Supervisor>,
+    /// This host's standby replicas.
+    pub standbys: Arc<Standbys>,
+    /// Protocol steps where tests hold a thread.
+    pub steps: Arc<crate::steps::Steps>,
+    /// The hosts of the cluster.
+    pub hosts: Hosts,
+    /// Set when the host stops.
+    pub stop: Arc<AtomicBool>,
+    /// The API token, for the drain call to the owner.
+    pub token: Option<String>,
+    /// How long an owner holds a drained partition (`HostConfig::drained_hold`).
+    pub drained_hold: Duration,
+    /// How long moving this host's partitions away on a clean stop may take.
+    pub handoff_timeout: Duration,
+    /// The bound of this host's state on disk (`--state-disk`).
+    pub state_disk: Option<u64>,
+    /// Where partitions keep their state.
+    pub state_dir: std::path::PathBuf,
+    /// The bytes of a partition's state, as its owner reports it (0 when unknown).
+    pub partition_bytes: Box<dyn Fn(&str) -> u64 + Send + Sync>,
+}
+
+/// Live moves on this host: the requests it makes, the moves it drives as their target, the
+/// drains and releases it answers as an owner, and what each move's events mean here.
+pub struct Moves {
+    parts: MovesParts,
+    me: Weak<Moves>,
+    pauses: Mutex<Pauses>,
+}
+
+impl Moves {
+    /// Moves over `parts`.
+    pub fn new(parts: MovesParts) -> Arc<Self> {
+        Arc::new_cyclic(|me| Moves {
+            parts,
+            me: me.clone(),
+            pauses: Mutex::new(Pauses::default()),
+        })
+    }
+
+    /// Pauses (ms) of the moves this host took over, oldest first.
+    pub fn pauses(&self) -> Vec<f64> {
+        self.pauses.lock().all().to_vec()
+    }
+
     /// A new move of `partition` to host `to`, checked against the catalog; not recorded.
     pub(crate) fn new_move(&self, partition: &str, to: &str) -> Result<MoveRecord> {
-        if !self.log.is_kafka() {
+        if !self.parts.log.is_kafka() {
             return Err(Error::BadRequest(
                 "moves need a cluster: this host runs on the embedded log, alone".into(),
             ));
         }
         let (assignment, under_way) = {
-            let catalog = self.catalog.lock();
+            let catalog = self.parts.catalog.lock();
             (
                 catalog.assignments.get(partition).cloned(),
                 catalog.move_under_way(partition).cloned(),
@@ -143,7 +210,7 @@ impl Baton {
                 "host `{to}` owns partition `{partition}` already"
             )));
         }
-        let alive = self.live_hosts();
+        let alive = self.parts.hosts.live();
         if !alive.iter().any(|h| h == to) {
             return Err(Error::BadRequest(format!(
                 "host `{to}` is not a live member of the cluster (live: {})",
@@ -151,7 +218,9 @@ impl Baton {
             )));
         }
         let protocols = self
-            .hosts()
+            .parts
+            .hosts
+            .all()
             .into_iter()
             .filter_map(|h| Some((h.id, (h.protocol?, h.version.unwrap_or_default()))))
             .collect();
@@ -166,7 +235,12 @@ impl Baton {
         }
         let record = MoveRecord {
             // Unique across hosts: two requests in one millisecond are two moves.
-            id: format!("{partition}.{}.{:x}.{}", a.epoch, now_ms(), self.host_id),
+            id: format!(
+                "{partition}.{}.{:x}.{}",
+                a.epoch,
+                now_ms(),
+                self.parts.host_id
+            ),
             pipeline: a.pipeline.clone(),
             partition: partition.to_string(),
             from: a.owner.clone(),
@@ -189,17 +263,21 @@ impl Baton {
     /// there from the partition's owner while no other move of it was under way (two requests
     /// that raced on two hosts start one move everywhere): else the request is refused.
     pub fn request_move(&self, partition: &str, to: &str) -> Result<String> {
-        self.control.catch_up(Duration::from_secs(2));
+        self.parts.control.catch_up(Duration::from_secs(2));
         let (record, at) = {
-            let _control = self.control.lock();
+            let _control = self.parts.control.lock();
             let record = self.new_move(partition, to)?;
-            let at = self.control.append(&ControlEvent::Move(record.clone()))?;
+            let at = self
+                .parts
+                .control
+                .append(&ControlEvent::Move(record.clone()))?;
             (record, at)
         };
         if !self.read_back_until_stopped(at) {
             return Err(Error::Unavailable("the host is stopping".into()));
         }
         let began = self
+            .parts
             .catalog
             .lock()
             .moves
@@ -218,7 +296,7 @@ impl Baton {
     /// was abandoned resumes the partition it drained.
     pub(crate) fn on_move(&self, m: &MoveRecord) {
         match m.phase {
-            MovePhase::Warming if m.to == self.host_id => {
+            MovePhase::Warming if m.to == self.parts.host_id => {
                 let (me, m) = (self.me.clone(), m.clone());
                 let spawned = std::thread::Builder::new()
                     .name(format!("baton-move-{}", m.partition))
@@ -232,8 +310,8 @@ impl Baton {
                 }
             }
             MovePhase::Abandoned | MovePhase::Done
-                if m.from == self.host_id
-                    && self.peers.state(&m.partition) == PeerState::Released =>
+                if m.from == self.parts.host_id
+                    && self.parts.peers.state(&m.partition) == PeerState::Released =>
             {
                 if self.released_in_vain(&m.partition, &m.id) {
                     // Called on the follower's thread, which the read-back needs.
@@ -251,11 +329,11 @@ impl Baton {
                 } else {
                     // Taken over (the session here is let go), or abandoned before the
                     // release counted (it goes on at its epoch).
-                    self.peers.unrelease(&m.partition);
-                    self.supervisor.follow_assignments(&m.pipeline);
+                    self.parts.peers.unrelease(&m.partition);
+                    self.parts.supervisor.follow_assignments(&m.pipeline);
                 }
             }
-            MovePhase::Abandoned | MovePhase::Done => self.standbys.follow(),
+            MovePhase::Abandoned | MovePhase::Done => self.parts.standbys.follow(),
             _ => {}
         }
     }
@@ -298,24 +376,26 @@ impl Baton {
     fn released_in_vain(&self, partition: &str, move_id: &str) -> bool {
         self.released_epoch(partition, move_id).is_some()
             && self
+                .parts
                 .control
                 .ordered()
                 .assignments
                 .get(partition)
-                .is_some_and(|a| a.owner == self.host_id)
+                .is_some_and(|a| a.owner == self.parts.host_id)
     }
 
     /// The epoch this host released `partition` at for move `move_id`, if the move was
     /// abandoned after that release, in log order.
     fn released_epoch(&self, partition: &str, move_id: &str) -> Option<u64> {
-        self.control
+        self.parts
+            .control
             .ordered()
             .moves
             .get(partition)
             .and_then(|ms| ms.iter().find(|m| m.id == move_id))
             .filter(|m| m.phase == MovePhase::Abandoned)
             .and_then(|m| m.release.as_ref())
-            .filter(|r| r.owner == self.host_id)
+            .filter(|r| r.owner == self.parts.host_id)
             .map(|r| r.epoch)
     }
 
@@ -325,9 +405,15 @@ impl Baton {
     fn resume_released(&self, partition: &str, pipeline: &str, move_id: &str) {
         let released = self.released_epoch(partition, move_id).unwrap_or(0);
         loop {
-            let a = self.control.ordered().assignments.get(partition).cloned();
+            let a = self
+                .parts
+                .control
+                .ordered()
+                .assignments
+                .get(partition)
+                .cloned();
             // Not this host's any more, or assigned to it again already.
-            let Some(a) = a.filter(|a| a.owner == self.host_id && a.epoch <= released) else {
+            let Some(a) = a.filter(|a| a.owner == self.parts.host_id && a.epoch <= released) else {
                 break;
             };
             let event = ControlEvent::Assigned(AssignmentRecord {
@@ -344,20 +430,20 @@ impl Baton {
                 Err(_) => return,
             }
         }
-        self.peers.unrelease(partition);
+        self.parts.peers.unrelease(partition);
         tracing::info!(
             partition,
             "the move was abandoned after the release: resuming at the next epoch"
         );
-        self.supervisor.follow_assignments(pipeline);
+        self.parts.supervisor.follow_assignments(pipeline);
     }
 
     /// Appends `event` (under the control lock when `locked`) and waits until the follower has
     /// read it back (and applied it, with its effects here); false when the host stops first.
     fn append_and_read_back(&self, event: &ControlEvent, locked: bool) -> Result<bool> {
         let at = {
-            let _control = locked.then(|| self.control.lock());
-            self.control.append(event)?
+            let _control = locked.then(|| self.parts.control.lock());
+            self.parts.control.append(event)?
         };
         Ok(self.read_back_until_stopped(at))
     }
@@ -365,7 +451,7 @@ impl Baton {
     /// After a failed append of `what` for `partition`: waits 1 s and answers true, or false
     /// when the host stops.
     fn retry_after(&self, partition: &str, what: &str, e: &Error) -> bool {
-        if self.background_stop.load(Ordering::Relaxed) {
+        if self.parts.stop.load(Ordering::Relaxed) {
             return false;
         }
         tracing::warn!(partition, "recording {what}: {e}; again in 1 s");
@@ -376,10 +462,10 @@ impl Baton {
     /// Waits until the follower has read the control log past `offset` (waking it first);
     /// false when the host stops first.
     fn read_back_until_stopped(&self, offset: u64) -> bool {
-        self.control.wake_follower();
+        self.parts.control.wake_follower();
         let waited = Instant::now();
-        while !self.control.read_back(offset, Duration::from_secs(5)) {
-            if self.background_stop.load(Ordering::Relaxed) {
+        while !self.parts.control.read_back(offset, Duration::from_secs(5)) {
+            if self.parts.stop.load(Ordering::Relaxed) {
                 return false;
             }
             tracing::warn!(
@@ -396,7 +482,7 @@ impl Baton {
         let started = Instant::now();
         let replica = Arc::new(Replica::new(&m.partition, Role::Warming));
         let outcome = self.warm_and_take_over(&m, &replica);
-        self.peers.end_warming(&replica);
+        self.parts.peers.end_warming(&replica);
         match outcome {
             Ok(pause) => {
                 if let Some((p, steps)) = &pause {
@@ -417,7 +503,8 @@ impl Baton {
 
     /// Whether move `m` is still under way in the catalog (nobody abandoned it).
     fn still_moving(&self, m: &MoveRecord) -> bool {
-        self.catalog
+        self.parts
+            .catalog
             .lock()
             .move_under_way(&m.partition)
             .is_some_and(|u| u.id == m.id)
@@ -430,9 +517,9 @@ impl Baton {
         m: &MoveRecord,
         replica: &Arc<Replica>,
     ) -> std::result::Result<Option<(f64, Vec<MoveStep>)>, String> {
-        let kafka = self.log.as_kafka().cloned().ok_or("no Kafka")?;
+        let kafka = self.parts.log.as_kafka().cloned().ok_or("no Kafka")?;
         let (record, assignment) = {
-            let catalog = self.catalog.lock();
+            let catalog = self.parts.catalog.lock();
             (
                 catalog.pipelines.get(&m.pipeline).cloned(),
                 catalog.assignments.get(&m.partition).cloned(),
@@ -451,9 +538,13 @@ impl Baton {
         // The partition's peer here before it touches the database: a standby of it stops
         // (one writer at a time), and a session of the partition that starts here from now on
         // supersedes it.
-        self.peers.warm(&m.partition, replica.clone())?;
-        let path = self.supervisor.partition_path(&m.pipeline, &m.partition);
+        self.parts.peers.warm(&m.partition, replica.clone())?;
+        let path = self
+            .parts
+            .supervisor
+            .partition_path(&m.pipeline, &m.partition);
         let db = self
+            .parts
             .state
             .open_shared(&path, &record.spec.state_stores())
             .map_err(|e| format!("opening the partition's state here: {e}"))?;
@@ -475,7 +566,9 @@ impl Baton {
             if !self.still_moving(m) {
                 return Err("abandoned while warming".into());
             }
-            self.steps.pass(crate::steps::MOVE_WARMING, &m.partition);
+            self.parts
+                .steps
+                .pass(crate::steps::MOVE_WARMING, &m.partition);
             replica.poll(tail, &db, Duration::from_millis(50))?;
             if refreshed.elapsed() >= Duration::from_millis(200) || tail.caught_up() {
                 let behind = tail
@@ -503,7 +596,9 @@ impl Baton {
         let known_by = Instant::now() + ADDRESS_WAIT;
         let owner_url = loop {
             let url = self
-                .hosts()
+                .parts
+                .hosts
+                .all()
                 .into_iter()
                 .find(|h| h.id == m.from && h.alive)
                 .map(|h| h.address)
@@ -526,7 +621,7 @@ impl Baton {
             &DrainRequest {
                 move_id: m.id.clone(),
             },
-            self.config.token.as_deref(),
+            self.parts.token.as_deref(),
             DRAIN_TIMEOUT + Duration::from_secs(5),
         )
         .map_err(|e| format!("the owner `{}` did not drain: {e}", m.from))?;
@@ -566,26 +661,35 @@ impl Baton {
         marks.push(("checked", Instant::now()));
         // The replica's last write is done: the peer hands the clients to the session that
         // starts here if the take-over counts (and lets them go if not).
-        self.peers.take_over(replica, prepared)?;
+        self.parts.peers.take_over(replica, prepared)?;
 
         // Take over, at the next epoch.
-        let current = self.catalog.lock().assignments.get(&m.partition).cloned();
+        let current = self
+            .parts
+            .catalog
+            .lock()
+            .assignments
+            .get(&m.partition)
+            .cloned();
         let epoch = current.map_or(assignment.epoch, |a| a.epoch.max(assignment.epoch)) + 1;
         let a = AssignmentRecord {
-            owner: self.host_id.clone(),
+            owner: self.parts.host_id.clone(),
             epoch,
             at: now_ms(),
             move_id: Some(m.id.clone()),
             after_release: true,
             ..assignment
         };
-        self.steps.pass(crate::steps::MOVE_TAKE_OVER, &m.partition);
+        self.parts
+            .steps
+            .pass(crate::steps::MOVE_TAKE_OVER, &m.partition);
         let event = ControlEvent::Assigned(a.clone());
         let at = self
+            .parts
             .control
             .append(&event)
             .map_err(|e| format!("recording the new owner: {e}"))?;
-        self.control.wake_follower();
+        self.parts.control.wake_follower();
         marks.push(("assigned", Instant::now()));
 
         // The take-over takes effect when read back: the control log's order decides between
@@ -597,11 +701,12 @@ impl Baton {
             return Err("the host stops".into());
         }
         let won = self
+            .parts
             .control
             .ordered()
             .assignments
             .get(&m.partition)
-            .is_some_and(|x| x.owner == self.host_id && x.epoch == epoch);
+            .is_some_and(|x| x.owner == self.parts.host_id && x.epoch == epoch);
         if !won {
             return Err(
                 "the move was abandoned before the take-over in the control log: the owner \
@@ -610,16 +715,16 @@ impl Baton {
             );
         }
         marks.push(("read-back", Instant::now()));
-        self.supervisor.follow_assignments(&m.pipeline);
+        self.parts.supervisor.follow_assignments(&m.pipeline);
         // Clients the session did not take (it could not start) are let go.
-        self.peers.end_warming(replica);
+        self.parts.peers.end_warming(replica);
         marks.push(("started", Instant::now()));
         drop(db);
 
         // The pause ends at the new owner's first guest call.
         let until = Instant::now() + FIRST_CALL_TIMEOUT;
         while Instant::now() < until {
-            let handle = self.peers.running(&m.partition);
+            let handle = self.parts.peers.running(&m.partition);
             // The first guest call; or, when nothing waits to be processed a while after the
             // first fetch, that fetch.
             let ready = handle.as_ref().and_then(|h| {
@@ -665,14 +770,14 @@ impl Baton {
     /// was pending committed, holds it stopped for the new owner, and answers the offsets
     /// committed.
     pub fn drain_for_move(&self, partition: &str, move_id: &str) -> Result<Drained> {
-        self.control.catch_up(Duration::from_secs(2));
-        let under_way = self.catalog.lock().move_under_way(partition).cloned();
+        self.parts.control.catch_up(Duration::from_secs(2));
+        let under_way = self.parts.catalog.lock().move_under_way(partition).cloned();
         match under_way {
-            Some(m) if m.id == move_id && m.from == self.host_id => {}
+            Some(m) if m.id == move_id && m.from == self.parts.host_id => {}
             Some(m) if m.id == move_id => {
                 return Err(Error::Conflict(format!(
                     "move {move_id} is from `{}`, not this host (`{}`)",
-                    m.from, self.host_id
+                    m.from, self.parts.host_id
                 )));
             }
             _ => {
@@ -682,7 +787,11 @@ impl Baton {
             }
         }
         // Released from here on: it never processes again at this epoch.
-        let handle = self.peers.release(partition).map_err(Error::Conflict)?;
+        let handle = self
+            .parts
+            .peers
+            .release(partition)
+            .map_err(Error::Conflict)?;
         let Some(offsets) = handle.drain(DRAIN_TIMEOUT) else {
             return Err(Error::Unavailable(format!(
                 "partition `{partition}` did not reach a batch boundary and commit within {}s",
@@ -701,14 +810,14 @@ impl Baton {
             handle.pipeline.clone(),
             move_id.to_string(),
         );
-        let hold = self.config.drained_hold;
+        let hold = self.parts.drained_hold;
         let _ = std::thread::Builder::new()
             .name("baton-hold".into())
             .spawn(move || {
                 handle.join();
                 std::thread::sleep(hold);
                 if let Some(b) = me.upgrade() {
-                    let expired = b.peers.released_for(&p).is_some_and(|t| t >= hold);
+                    let expired = b.parts.peers.released_for(&p).is_some_and(|t| t >= hold);
                     if expired {
                         b.resume_unless_taken_over(&p, &pipeline, &id);
                     }
@@ -735,6 +844,7 @@ impl Baton {
         offsets: &[crate::partition::SlotProgress],
     ) -> std::result::Result<(u64, ReleaseRecord), String> {
         let stores = self
+            .parts
             .catalog
             .lock()
             .pipelines
@@ -742,11 +852,13 @@ impl Baton {
             .map(|p| p.spec.state_stores())
             .ok_or_else(|| format!("pipeline `{}` is gone", handle.pipeline))?;
         let ahead = u64::from(
-            self.steps
+            self.parts
+                .steps
                 .injected(crate::steps::RELEASE_CHANGELOG_AHEAD, &handle.id),
         );
         let short = u64::from(
-            self.steps
+            self.parts
+                .steps
                 .injected(crate::steps::RELEASE_OFFSETS_BEHIND, &handle.id),
         );
         let mut changelogs = Vec::new();
@@ -769,13 +881,14 @@ impl Baton {
             move_id: move_id.to_string(),
             pipeline: handle.pipeline.clone(),
             partition: handle.id.clone(),
-            owner: self.host_id.clone(),
+            owner: self.parts.host_id.clone(),
             epoch: self
+                .parts
                 .catalog
                 .lock()
                 .assignments
                 .get(&handle.id)
-                .filter(|a| a.owner == self.host_id)
+                .filter(|a| a.owner == self.parts.host_id)
                 .map_or(handle.epoch.load(Ordering::Relaxed), |a| a.epoch),
             offsets: offsets
                 .iter()
@@ -791,7 +904,11 @@ impl Baton {
         // It takes effect when read back, like every host's: this host's part (never to process
         // again at the epoch) is done already, and the target appends after it.
         let event = ControlEvent::Released(release.clone());
-        let at = self.control.append(&event).map_err(|e| e.to_string())?;
+        let at = self
+            .parts
+            .control
+            .append(&event)
+            .map_err(|e| e.to_string())?;
         Ok((at, release))
     }
 
@@ -799,16 +916,20 @@ impl Baton {
     /// catalog has them. A partition it released stays held: it never processes at the
     /// released epoch again (its process that released it is gone, not the release).
     pub(crate) fn moves_left_by_restart(&self) -> Vec<MoveRecord> {
-        let catalog = self.catalog.lock();
+        let catalog = self.parts.catalog.lock();
         let mut left = Vec::new();
         for moves in catalog.moves.values() {
             for m in moves.iter().filter(|m| !m.phase.ended()) {
-                let released = m.release.as_ref().is_some_and(|r| r.owner == self.host_id);
-                if m.from == self.host_id && released {
-                    self.peers
+                let released = m
+                    .release
+                    .as_ref()
+                    .is_some_and(|r| r.owner == self.parts.host_id);
+                if m.from == self.parts.host_id && released {
+                    self.parts
+                        .peers
                         .released_before_restart(&m.partition, &m.pipeline);
                     left.push(m.clone());
-                } else if m.to == self.host_id {
+                } else if m.to == self.parts.host_id {
                     left.push(m.clone());
                 }
             }
@@ -827,7 +948,7 @@ impl Baton {
                 .name(format!("baton-restart-{}", m.partition))
                 .spawn(move || {
                     let Some(b) = me.upgrade() else { return };
-                    if m.to == b.host_id {
+                    if m.to == b.parts.host_id {
                         tracing::warn!(
                             move_id = %m.id, partition = %m.partition,
                             "a move to this host was under way when it stopped: abandoned"
@@ -838,7 +959,7 @@ impl Baton {
                             None,
                             Some(format!(
                                 "the target `{}` restarted during the move",
-                                b.host_id
+                                b.parts.host_id
                             )),
                         );
                         return;
@@ -847,11 +968,11 @@ impl Baton {
                         move_id = %m.id, partition = %m.partition,
                         "released before this host restarted: held for the move's target"
                     );
-                    let hold = b.config.drained_hold;
+                    let hold = b.parts.drained_hold;
                     drop(b);
                     std::thread::sleep(hold);
                     if let Some(b) = me.upgrade()
-                        && b.peers.state(&m.partition) == PeerState::Released
+                        && b.parts.peers.state(&m.partition) == PeerState::Released
                     {
                         b.resume_unless_taken_over(&m.partition, &m.pipeline, &m.id);
                     }
@@ -869,6 +990,7 @@ impl Baton {
     fn resume_unless_taken_over(&self, partition: &str, pipeline: &str, move_id: &str) {
         loop {
             let m = self
+                .parts
                 .catalog
                 .lock()
                 .moves
@@ -882,7 +1004,7 @@ impl Baton {
                 phase: MovePhase::Abandoned,
                 reason: Some(format!(
                     "nobody took the drained partition over within {}s",
-                    self.config.drained_hold.as_secs()
+                    self.parts.drained_hold.as_secs()
                 )),
                 pause_ms: None,
                 steps: Vec::new(),
@@ -911,18 +1033,18 @@ impl Baton {
 
     /// Before a clean stop: moves every partition this host owns to the live hosts (the least
     /// loaded first), warm, and waits for the moves to end, for at most the handoff timeout.
-    /// What is left when it ends stops and is given away cold by [`Baton::shutdown`].
+    /// What is left when it ends stops and is given away cold by the host's shutdown.
     pub fn move_away(&self) {
-        if !self.log.is_kafka() {
+        if !self.parts.log.is_kafka() {
             return;
         }
-        let others = self.live_others();
+        let others = self.parts.hosts.live_others();
         if others.is_empty() {
             return;
         }
         let mut load: BTreeMap<String, usize> = others.iter().map(|h| (h.clone(), 0)).collect();
         let mine: Vec<String> = {
-            let catalog = self.catalog.lock();
+            let catalog = self.parts.catalog.lock();
             for a in catalog.assignments.values() {
                 if let Some(n) = load.get_mut(&a.owner) {
                     *n += 1;
@@ -931,7 +1053,7 @@ impl Baton {
             catalog
                 .assignments
                 .values()
-                .filter(|a| a.owner == self.host_id)
+                .filter(|a| a.owner == self.parts.host_id)
                 .map(|a| a.partition.clone())
                 .collect()
         };
@@ -956,15 +1078,15 @@ impl Baton {
                 Err(e) => tracing::warn!(partition = %p, "moving away: {e}"),
             }
         }
-        let deadline = started + self.config.handoff_timeout;
+        let deadline = started + self.parts.handoff_timeout;
         loop {
             let left = {
-                let catalog = self.catalog.lock();
+                let catalog = self.parts.catalog.lock();
                 mine.iter()
                     .filter(|p| {
                         catalog
                             .move_under_way(p)
-                            .is_some_and(|m| m.from == self.host_id)
+                            .is_some_and(|m| m.from == self.parts.host_id)
                     })
                     .count()
             };
@@ -989,20 +1111,16 @@ impl Baton {
     /// Refuses a replica of `partition` here when this host's state on disk, with the
     /// partition's state as its owner reports it, would break `--state-disk`.
     pub(crate) fn check_state_disk(&self, partition: &str) -> std::result::Result<(), String> {
-        let Some(bound) = self.config.state_disk else {
+        let Some(bound) = self.parts.state_disk else {
             return Ok(());
         };
-        let used = dir_size(&self.config.data_dir.join("state"));
-        let adds = self
-            .partitions()
-            .into_iter()
-            .find(|p| p.id == partition)
-            .map_or(0, |p| p.state_bytes);
+        let used = dir_size(&self.parts.state_dir);
+        let adds = (self.parts.partition_bytes)(partition);
         if used + adds > bound {
             return Err(format!(
                 "host `{}` refuses a replica of `{partition}`: its state takes {used} bytes on disk \
                  and the partition's about {adds} more, over its --state-disk bound of {bound} bytes",
-                self.host_id
+                self.parts.host_id
             ));
         }
         Ok(())
@@ -1011,7 +1129,7 @@ impl Baton {
     /// The controller's part: a move whose target left, or whose partition changed owner
     /// otherwise, is abandoned.
     pub(crate) fn stale_moves(&self, alive: &[String]) -> Vec<(MoveRecord, String)> {
-        let catalog = self.catalog.lock();
+        let catalog = self.parts.catalog.lock();
         let mut stale = Vec::new();
         for moves in catalog.moves.values() {
             for m in moves.iter().filter(|m| !m.phase.ended()) {
@@ -1190,13 +1308,6 @@ pub fn quantile(values: &[f64], q: f64) -> Option<f64> {
     v.sort_by(f64::total_cmp);
     let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len().max(1)) - 1;
     v.get(i).copied()
-}
-
-impl Baton {
-    /// Pauses (ms) of the moves this host took over, oldest first.
-    pub fn move_pauses(&self) -> Vec<f64> {
-        self.pauses.lock().all().to_vec()
-    }
 }
 
 /// Posts `body` as JSON to `path` of the host at `base`; answers the JSON reply.

@@ -14,8 +14,15 @@ use std::time::Duration;
 
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
-use crate::app::Baton;
+use parking_lot::Mutex;
+
+use crate::cluster::Hosts;
+use crate::cluster::moves::Moves;
+use crate::control::Catalog;
+use crate::control::log::ControlLog;
 use crate::control::{AssignmentRecord, ControlEvent, PipelineRecord, now_ms};
+use crate::transport::Log;
+use crate::transport::kafka::KafkaConfig;
 
 /// How often the controller looks at the hosts and the assignments.
 const TICK: Duration = Duration::from_millis(250);
@@ -178,10 +185,48 @@ pub fn fair_share(
     moves
 }
 
-impl Baton {
+/// The controller's loop and the assignments a host writes itself (a new pipeline's first
+/// ones, and its partitions given away on a clean stop), over narrow handles.
+pub struct Controller {
+    host_id: String,
+    cluster: String,
+    kafka: Option<KafkaConfig>,
+    log: Log,
+    hosts: Hosts,
+    catalog: Arc<Mutex<Catalog>>,
+    control: Arc<ControlLog>,
+    moves: Arc<Moves>,
+}
+
+impl Controller {
+    /// The controller of host `host_id` in cluster `cluster` (its fenced producer's
+    /// transactional id is `<cluster>.controller`, on `kafka`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        host_id: String,
+        cluster: String,
+        kafka: Option<KafkaConfig>,
+        log: Log,
+        hosts: Hosts,
+        catalog: Arc<Mutex<Catalog>>,
+        control: Arc<ControlLog>,
+        moves: Arc<Moves>,
+    ) -> Arc<Self> {
+        Arc::new(Controller {
+            host_id,
+            cluster,
+            kafka,
+            log,
+            hosts,
+            catalog,
+            control,
+            moves,
+        })
+    }
+
     /// Runs the controller's loop on a thread of its own until `stop` is set: while this host
     /// is the controller, it keeps every partition assigned to a live host.
-    pub(crate) fn run_controller(
+    pub(crate) fn run(
         self: &Arc<Self>,
         stop: Arc<AtomicBool>,
     ) -> std::io::Result<std::thread::JoinHandle<()>> {
@@ -196,11 +241,11 @@ impl Baton {
                 let mut known: Option<Known> = None;
                 while !stop.load(Ordering::Relaxed) {
                     std::thread::sleep(TICK);
-                    let Some(baton) = me.upgrade() else { return };
-                    let hosts = baton.hosts();
+                    let Some(c) = me.upgrade() else { return };
+                    let hosts = c.hosts.all();
                     let controller = hosts
                         .iter()
-                        .any(|h| h.alive && h.controller && h.id == baton.host_id);
+                        .any(|h| h.alive && h.controller && h.id == c.host_id);
                     if !controller {
                         producer = None;
                         known = None;
@@ -214,7 +259,7 @@ impl Baton {
                     // Abandonments the controller decides go through its fenced producer: a
                     // stale controller cannot abandon a healthy move. They take effect on every
                     // host (this one too) when read from the log.
-                    let stale: Vec<ControlEvent> = baton
+                    let stale: Vec<ControlEvent> = c.moves
                         .stale_moves(&alive)
                         .into_iter()
                         .map(|(m, reason)| {
@@ -231,7 +276,7 @@ impl Baton {
                             })
                         })
                         .collect();
-                    if !stale.is_empty() && !baton.write_fenced(&mut producer, &stale) {
+                    if !stale.is_empty() && !c.write_fenced(&mut producer, &stale) {
                         continue;
                     }
                     // Hosts live when this host became the controller count as known; one
@@ -275,7 +320,7 @@ impl Baton {
                         }
                     }
                     let moving = {
-                        let catalog = baton.catalog.lock();
+                        let catalog = c.catalog.lock();
                         catalog
                             .assignments
                             .keys()
@@ -296,7 +341,7 @@ impl Baton {
                             continue;
                         }
                         let moves = {
-                            let catalog = baton.catalog.lock();
+                            let catalog = c.catalog.lock();
                             fair_share(&catalog, &alive, std::slice::from_ref(h))
                         };
                         if moves.is_empty() {
@@ -316,7 +361,7 @@ impl Baton {
                         j.rounds += 1;
                         let mut begun = Vec::new();
                         for (partition, to) in moves {
-                            match baton.new_move(&partition, &to) {
+                            match c.moves.new_move(&partition, &to) {
                                 Ok(m) => {
                                     tracing::info!(
                                         partition, to, move_id = %m.id, "moving to a joining host"
@@ -329,13 +374,13 @@ impl Baton {
                             }
                         }
                         if !begun.is_empty() {
-                            baton.write_fenced(&mut producer, &begun);
+                            c.write_fenced(&mut producer, &begun);
                         }
                         // One joiner's round at a time: the next looks once these are done.
                         break;
                     }
                     let changes = {
-                        let catalog = baton.catalog.lock();
+                        let catalog = c.catalog.lock();
                         let pipelines: Vec<PipelineRecord> =
                             catalog.pipelines.values().cloned().collect();
                         plan(&pipelines, &catalog.assignments, &alive)
@@ -345,7 +390,7 @@ impl Baton {
                     }
                     let events: Vec<ControlEvent> =
                         changes.iter().cloned().map(ControlEvent::Assigned).collect();
-                    if baton.write_fenced(&mut producer, &events) {
+                    if c.write_fenced(&mut producer, &events) {
                         for c in &changes {
                             tracing::info!(
                                 partition = %c.partition, owner = %c.owner, epoch = c.epoch,
@@ -359,16 +404,12 @@ impl Baton {
 
     fn controller_producer(&self) -> anyhow::Result<BaseProducer> {
         let cfg = self
-            .config
             .kafka
             .as_ref()
             .ok_or_else(|| anyhow::anyhow!("no Kafka"))?;
         let p: BaseProducer = cfg
             .client_config(&[
-                (
-                    "transactional.id",
-                    &format!("{}.controller", self.config.cluster),
-                ),
+                ("transactional.id", &format!("{}.controller", self.cluster)),
                 ("enable.idempotence", "true"),
                 ("acks", "all"),
                 ("linger.ms", "0"),
@@ -432,7 +473,7 @@ impl Baton {
         if !self.log.is_kafka() {
             return;
         }
-        let others = self.live_others();
+        let others = self.hosts.live_others();
         if others.is_empty() {
             return;
         }
@@ -461,7 +502,7 @@ impl Baton {
     /// controller corrects them later if their owners are gone): its partitions spread over the
     /// live hosts, or all here when none is known yet.
     pub(crate) fn initial_assignments(&self, record: &PipelineRecord) -> Vec<AssignmentRecord> {
-        let mut alive = self.live_hosts();
+        let mut alive = self.hosts.live();
         if !alive.contains(&self.host_id) {
             alive.push(self.host_id.clone());
         }
