@@ -210,6 +210,16 @@ async fn a_pipeline_is_changed_in_place_by_patch() -> anyhow::Result<()> {
         "stores": ["counts"], "slots": 2, "partitions": 2, "config": {"value": "x"}
     }))
     .await?;
+    // The guarantee's default interval is recorded at creation.
+    let info = api.get("/api/v1/pipelines/f").await?.body;
+    assert_eq!(info["commit_interval_ms"], 10, "{info}");
+    api.create_pipeline(json!({
+        "name": "g", "module": "fail-on", "version": "1", "inputs": ["in-g"],
+        "stores": ["counts"], "guarantee": "at-least-once"
+    }))
+    .await?;
+    let info = api.get("/api/v1/pipelines/g").await?.body;
+    assert_eq!(info["commit_interval_ms"], 100, "{info}");
     let batch = |v: &str| -> Vec<(String, Option<String>)> {
         (0..10)
             .map(|i| (format!("k{i}"), Some(v.to_string())))

@@ -292,7 +292,7 @@ impl PipelineUpdate {
             spec.wasi = w.clone();
         }
         if let Some(c) = self.commit_interval_ms {
-            spec.commit_interval_ms = c;
+            spec.commit_interval_ms = Some(c);
         }
     }
 }

@@ -20,6 +20,16 @@ pub enum Guarantee {
     AtLeastOnce,
 }
 
+impl Guarantee {
+    /// The commit interval of a pipeline that sets none.
+    pub fn default_commit_interval_ms(self) -> u64 {
+        match self {
+            Guarantee::ExactlyOnce => DEFAULT_COMMIT_INTERVAL_MS,
+            Guarantee::AtLeastOnce => DEFAULT_AT_LEAST_ONCE_COMMIT_INTERVAL_MS,
+        }
+    }
+}
+
 /// Where a new pipeline starts reading its inputs.
 #[derive(
     Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema,
@@ -90,14 +100,22 @@ pub struct PipelineSpec {
     /// `commit_interval_ms = 10`: how long processed records may wait for their commit (one
     /// Kafka transaction or flush, one RocksDB write). Shorter gives lower end-to-end latency,
     /// longer fewer commits; 0 commits after every fetched batch. Records also commit at once
-    /// when the input runs dry.
-    #[serde(default = "default_commit_interval_ms")]
-    pub commit_interval_ms: u64,
+    /// when the input runs dry. Unset: the guarantee's default
+    /// ([`Guarantee::default_commit_interval_ms`]), which a new pipeline records in its spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_interval_ms: Option<u64>,
 }
 
 pub use crate::runtime::time::TIME_STORE;
 
 impl PipelineSpec {
+    /// How long processed records may wait for their commit: the spec's, or its guarantee's
+    /// default.
+    pub fn commit_interval_ms(&self) -> u64 {
+        self.commit_interval_ms
+            .unwrap_or_else(|| self.guarantee.default_commit_interval_ms())
+    }
+
     /// Every store a partition keeps: the declared ones, then [`TIME_STORE`].
     pub fn state_stores(&self) -> Vec<String> {
         let mut all = self.stores.clone();
@@ -146,15 +164,17 @@ fn default_partitions() -> u32 {
     1
 }
 
-/// The default of `commit_interval_ms`.
+/// The default of `commit_interval_ms` under exactly-once.
 pub const DEFAULT_COMMIT_INTERVAL_MS: u64 = 10;
+
+/// The default of `commit_interval_ms` under at-least-once: its commits are transactions too
+/// (for the fence), with the input offsets in them, and a longer interval pays for them over more
+/// records, at the cost of more records processed again after a crash (Kafka Streams' own
+/// at-least-once default is 30 s).
+pub const DEFAULT_AT_LEAST_ONCE_COMMIT_INTERVAL_MS: u64 = 100;
 
 /// The longest `commit_interval_ms` (a minute).
 pub const MAX_COMMIT_INTERVAL_MS: u64 = 60_000;
-
-fn default_commit_interval_ms() -> u64 {
-    DEFAULT_COMMIT_INTERVAL_MS
-}
 
 /// Most slots a pipeline may have.
 pub const MAX_SLOTS: u32 = 4096;
@@ -206,10 +226,10 @@ impl PipelineSpec {
                 self.limits.memory_bytes
             ));
         }
-        if self.commit_interval_ms > MAX_COMMIT_INTERVAL_MS {
+        if self.commit_interval_ms() > MAX_COMMIT_INTERVAL_MS {
             return Err(format!(
                 "commit_interval_ms = {} is out of range: use 0 to {MAX_COMMIT_INTERVAL_MS}",
-                self.commit_interval_ms
+                self.commit_interval_ms()
             ));
         }
         if self.limits.cpu_ms < 10 || self.limits.cpu_ms > 600_000 {

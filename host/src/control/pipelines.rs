@@ -127,8 +127,11 @@ impl Pipelines {
 
     /// Creates a pipeline: checks the spec, creates missing topics, records it in the control
     /// log and starts its partitions.
-    pub fn create(&self, spec: PipelineSpec) -> Result<PipelineInfo> {
+    pub fn create(&self, mut spec: PipelineSpec) -> Result<PipelineInfo> {
         spec.validate(&self.cluster).map_err(Error::BadRequest)?;
+        // The interval in effect is recorded: a later change of the guarantee's default does
+        // not change a running pipeline.
+        spec.commit_interval_ms = Some(spec.commit_interval_ms());
         // The name is reserved while its topics are checked and created, without holding the
         // control lock across those broker round trips.
         let _reservation = self.reserve_name(&spec.name)?;

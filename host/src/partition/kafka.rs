@@ -3,8 +3,9 @@
 //!
 //! Exactly-once: begin → changelog records (last value per key per batch) + outputs → flush →
 //! input offsets via `send_offsets_to_transaction` → commit → RocksDB `WriteBatch` with the
-//! state writes, the input offsets and the changelog offsets. At-least-once: the same records
-//! without a transaction, flushed, then RocksDB, then the offsets committed to the group.
+//! state writes, the input offsets and the changelog offsets. At-least-once commits the same
+//! way (the transaction is its fence); it differs in its longer default commit interval and in
+//! how leniently a restart reconciles RocksDB's offsets with the group's.
 //!
 //! A commit runs on a thread of the session's own, the committer, which owns the producer: the
 //! partition thread goes on processing the next batches (over the overlay, which still shows
@@ -66,9 +67,6 @@ pub struct KafkaIo {
     slots: Range<u32>,
     consumer: InputConsumer,
     committer: Committer,
-    /// Under at-least-once, the offsets of the commit in flight, committed to the group once
-    /// it is done.
-    group_offsets: Option<Vec<(String, u32, u64)>>,
     ends: HashMap<(usize, u32), (u64, Instant)>,
     /// The topics read: inputs, and the dead-letter topic during a replay.
     sources: Sources,
@@ -194,7 +192,6 @@ impl KafkaIo {
         audit: Option<CommitAudit>,
         steps: Arc<crate::steps::Steps>,
     ) -> anyhow::Result<Self> {
-        let eos = pipeline.spec.guarantee == Guarantee::ExactlyOnce;
         let (consumer, producer, warm, checked) = match prepared {
             Some(p) => (p.consumer, p.producer, Some(p.tail), p.checked),
             None => {
@@ -236,7 +233,6 @@ impl KafkaIo {
             hang,
             CommitterState {
                 producer,
-                offsets_in_transaction: eos,
                 group,
                 changelogs,
                 stores: pipeline.spec.state_stores(),
@@ -259,7 +255,6 @@ impl KafkaIo {
             slots,
             consumer,
             committer,
-            group_offsets: None,
             ends: HashMap::new(),
             restored: 0,
             sources,
@@ -567,9 +562,6 @@ impl PartitionIo for KafkaIo {
 
     fn commit_start(&mut self, db: &Arc<PartitionDb>, batch: Arc<Batch>) -> anyhow::Result<()> {
         let offsets = self.offsets(&batch);
-        if !self.committer.offsets_in_transaction {
-            self.group_offsets = Some(offsets.clone());
-        }
         self.committer.start_job(Job {
             db: db.clone(),
             batch,
@@ -582,11 +574,7 @@ impl PartitionIo for KafkaIo {
     }
 
     fn commit_finish(&mut self) -> anyhow::Result<()> {
-        self.committer.finish()?;
-        if let Some(offsets) = self.group_offsets.take() {
-            self.consumer.commit_async(&offsets)?;
-        }
-        Ok(())
+        self.committer.finish()
     }
 
     fn replay_done(&mut self, slot: u32, next: u64) -> bool {
@@ -655,9 +643,6 @@ struct Job {
 /// What the committer thread owns.
 struct CommitterState {
     producer: BatchProducer,
-    /// Exactly-once: the input offsets are committed in the transaction. At-least-once: by
-    /// the consumer after it, asynchronously.
-    offsets_in_transaction: bool,
     group: GroupMetadata,
     changelogs: Vec<String>,
     stores: Vec<String>,
@@ -696,9 +681,6 @@ struct Committer {
     busy: bool,
     /// The result of the commit in flight, once it came.
     result: Option<anyhow::Result<()>>,
-    /// Whether the input offsets go in the transaction (exactly-once), or are committed by
-    /// the session's consumer once the transaction is (at-least-once).
-    offsets_in_transaction: bool,
     /// When the commit in flight was started.
     started: Option<Instant>,
     /// How long a commit may take ([`crate::transport::kafka::COMMIT_HANG`]).
@@ -713,7 +695,6 @@ impl Committer {
     fn start(id: &str, init: bool, hang: Duration, state: CommitterState) -> anyhow::Result<Self> {
         let (jobs, rx) = mpsc::sync_channel::<Job>(1);
         let (tx, done) = mpsc::sync_channel(1);
-        let offsets_in_transaction = state.offsets_in_transaction;
         let given_up = state.given_up.clone();
         let thread = std::thread::Builder::new()
             .name(format!("baton-commit-{id}"))
@@ -745,7 +726,6 @@ impl Committer {
             thread: Some(thread),
             busy: false,
             result: None,
-            offsets_in_transaction,
             started: None,
             hang,
             given_up,
@@ -877,10 +857,7 @@ impl CommitterState {
                 let t0 = Instant::now();
                 let written = self.producer.flush()?;
                 let t1 = Instant::now();
-                let offsets = self
-                    .offsets_in_transaction
-                    .then_some((job.offsets.as_slice(), &self.group));
-                self.producer.commit(offsets)?;
+                self.producer.commit(&job.offsets, &self.group)?;
                 tracing::debug!(
                     flush_us = (t1 - t0).as_micros() as u64,
                     commit_us = t1.elapsed().as_micros() as u64,

@@ -41,7 +41,7 @@ impl Settings {
             limits: spec.limits.clone(),
             swap: spec.swap.clone(),
             wasi: spec.wasi.clone(),
-            commit_interval_ms: spec.commit_interval_ms,
+            commit_interval_ms: spec.commit_interval_ms(),
         })
     }
 }

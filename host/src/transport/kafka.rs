@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError as RdError;
 use rdkafka::message::{DeliveryResult, Header, Headers, Message as _, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext, ThreadedProducer};
@@ -1534,14 +1534,6 @@ impl InputConsumer {
             .ok_or_else(|| kerr("offsets", "the consumer has no group metadata"))
     }
 
-    /// Commits offsets (next offset to read) to the group, without waiting.
-    pub fn commit_async(&self, offsets: &[(String, u32, u64)]) -> Result<(), TransportError> {
-        let tpl = offsets_tpl(offsets)?;
-        self.consumer
-            .commit(&tpl, CommitMode::Async)
-            .map_err(|e| kerr("commit offsets", e))
-    }
-
     /// Stops fetching every topic partition assigned, without an error: the fault
     /// [`crate::steps::INPUT_STALL`].
     pub fn pause_all(&self) -> Result<(), TransportError> {
@@ -1770,23 +1762,21 @@ impl BatchProducer {
         Ok(offsets)
     }
 
-    /// Commits the transaction, with the input `offsets` of `group` in it when given
-    /// (exactly-once).
+    /// Commits the transaction, with the input `offsets` of `group` in it.
     pub fn commit(
         &self,
-        offsets: Option<(&NextOffsets, &GroupMetadata)>,
+        offsets: &NextOffsets,
+        group: &GroupMetadata,
     ) -> Result<(), TransportError> {
-        if let Some((offsets, group)) = offsets {
-            let tpl = offsets_tpl(offsets)?;
-            let t0 = Instant::now();
-            self.producer
-                .send_offsets_to_transaction(&tpl, &group.0, TXN_TIMEOUT)
-                .map_err(|e| kerr("send offsets to transaction", e))?;
-            tracing::trace!(
-                us = t0.elapsed().as_micros() as u64,
-                "offsets sent to the transaction"
-            );
-        }
+        let tpl = offsets_tpl(offsets)?;
+        let t0 = Instant::now();
+        self.producer
+            .send_offsets_to_transaction(&tpl, &group.0, TXN_TIMEOUT)
+            .map_err(|e| kerr("send offsets to transaction", e))?;
+        tracing::trace!(
+            us = t0.elapsed().as_micros() as u64,
+            "offsets sent to the transaction"
+        );
         self.producer
             .commit_transaction(TXN_TIMEOUT)
             .map_err(|e| kerr("commit transaction", e))
