@@ -271,6 +271,48 @@ fn ends(topic: &str, partitions: u32, committed: bool) -> Result<Vec<i64>> {
         .collect()
 }
 
+/// How many preloaded keys the checker asks word count for (each was sent once); uppercase's
+/// outputs of every one of them are checked.
+const PRELOAD_SAMPLE: usize = 2_000;
+
+/// Sends `keys` records of distinct keys (`p<i>`, value the key) to `input` and waits until
+/// both pipelines processed them: the state of production shape (millions of keys) that a
+/// move's target then warms up and a take-over restores, before any fault. Returns them.
+async fn preload(api: &Api, input: &str, keys: usize) -> Result<Vec<(String, String)>> {
+    if keys == 0 {
+        return Ok(Vec::new());
+    }
+    let started = Instant::now();
+    let producer = TestProducer::new()?;
+    let mut sent = Vec::with_capacity(keys);
+    for from in (0..keys).step_by(50_000) {
+        let recs: Vec<(String, String)> = (from..(from + 50_000).min(keys))
+            .map(|i| (format!("p{i}"), format!("p{i}")))
+            .collect();
+        producer.send(input, 2, &recs).await?;
+        sent.extend(recs);
+    }
+    let deadline = Duration::from_secs(60 + keys as u64 / 5_000);
+    api.wait_caught_up("wc", keys as u64, deadline).await?;
+    api.wait_caught_up("up", keys as u64, deadline).await?;
+    eprintln!(
+        "preloaded {keys} keys in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(sent)
+}
+
+/// The keys whose counts the checker asks for: every key of `sent` (the records sent under
+/// faults) and a sample of the preloaded ones (each sent once), with what each should count.
+fn to_count(sent: &[(String, String)], preloaded: &[(String, String)]) -> BTreeMap<String, i64> {
+    let mut want = count(sent.iter().map(|(k, _)| k.as_str()));
+    let step = (preloaded.len() / PRELOAD_SAMPLE).max(1);
+    for (k, _) in preloaded.iter().step_by(step) {
+        *want.entry(k.clone()).or_default() += 1;
+    }
+    want
+}
+
 /// Sends chunks of records with unique values to `input` until `stop`.
 fn produce_until(
     input: String,
@@ -366,9 +408,12 @@ async fn deploy(
 
 /// One run of `nemesis`, its times drawn from `seed`. The hosts' data dirs and logs are kept
 /// (and named) when the run fails or a check does not hold.
-pub async fn run(nemesis: Nemesis, seed: u64) -> Result<Outcome> {
+///
+/// `keys`: distinct keys preloaded before the faults ([`preload`]), so that the partitions'
+/// state is of production shape; 0 for none.
+pub async fn run(nemesis: Nemesis, seed: u64, keys: usize) -> Result<Outcome> {
     let root = tempfile::tempdir()?;
-    let result = run_in(nemesis, seed, root.path()).await;
+    let result = run_in(nemesis, seed, keys, root.path()).await;
     if !result.as_ref().is_ok_and(Outcome::passed) {
         let kept = root.keep();
         eprintln!(
@@ -381,12 +426,13 @@ pub async fn run(nemesis: Nemesis, seed: u64) -> Result<Outcome> {
     result
 }
 
-async fn run_in(nemesis: Nemesis, seed: u64, root: &Path) -> Result<Outcome> {
+async fn run_in(nemesis: Nemesis, seed: u64, keys: usize, root: &Path) -> Result<Outcome> {
     let mut rng = Rng::new(seed);
     let hold = rng.between(Duration::from_millis(500), Duration::from_millis(3000));
     let steps = format!("{}@wc-0={}ms", nemesis.step(), hold.as_millis());
     let (mut c, input, output, commits) = deploy(root, "faults", steps, 1).await?;
     let api = c.api()?;
+    let preloaded = preload(&api, &input, keys).await?;
 
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(Mutex::new(Vec::new()));
@@ -482,7 +528,7 @@ async fn run_in(nemesis: Nemesis, seed: u64, root: &Path) -> Result<Outcome> {
     stop.store(true, Ordering::Relaxed);
     producer.await??;
     let sent = sent.lock().unwrap().clone();
-    let total = sent.len() as u64;
+    let total = (preloaded.len() + sent.len()) as u64;
     api.wait_caught_up("wc", total, Duration::from_secs(120))
         .await?;
     api.wait_caught_up("up", total, Duration::from_secs(120))
@@ -493,7 +539,7 @@ async fn run_in(nemesis: Nemesis, seed: u64, root: &Path) -> Result<Outcome> {
         duplicated,
         two_writers,
         max_gap_ms,
-    } = verdict(&api, &sent, &output, &commits).await?;
+    } = verdict(&api, &sent, &preloaded, &output, &commits).await?;
     let (mut max_pause_ms, mut moves) = (None::<f64>, Vec::new());
     for p in ["wc-0", "up-0"] {
         for m in row(&api, p).await?["moves"]
@@ -520,7 +566,7 @@ async fn run_in(nemesis: Nemesis, seed: u64, root: &Path) -> Result<Outcome> {
     Ok(Outcome {
         nemesis,
         seed,
-        records: sent.len(),
+        records: preloaded.len() + sent.len(),
         lost,
         duplicated,
         two_writers,
@@ -544,12 +590,13 @@ struct Verdict {
 async fn verdict(
     api: &Api,
     sent: &[(String, String)],
+    preloaded: &[(String, String)],
     output: &str,
     commits: &str,
 ) -> Result<Verdict> {
     // Counts.
     let (mut lost, mut duplicated) = (0u64, 0u64);
-    let want = count(sent.iter().map(|(k, _)| k.as_str()));
+    let want = to_count(sent, preloaded);
     for (k, n) in &want {
         let got = api.counter("wc", "counts", k).await?.unwrap_or(0);
         if got < *n {
@@ -560,7 +607,7 @@ async fn verdict(
     }
     // Outputs, exactly once.
     let mut outputs: BTreeMap<(String, String), i64> = BTreeMap::new();
-    for (k, v) in sent {
+    for (k, v) in preloaded.iter().chain(sent) {
         *outputs.entry((k.clone(), v.to_uppercase())).or_default() += 1;
     }
     for kv in crate::read_committed(output, 2)? {
@@ -696,9 +743,11 @@ impl Churn {
 /// of a random partition to a random other host, and halfway one host is killed (`kill -9`)
 /// and started again 3 s later. Every move's end is collected as it happens; the checker then
 /// asks what [`run`]'s does.
-pub async fn churn(moves: usize, seed: u64) -> Result<Churn> {
+///
+/// `keys`: distinct keys preloaded before the moves ([`preload`]); 0 for none.
+pub async fn churn(moves: usize, seed: u64, keys: usize) -> Result<Churn> {
     let root = tempfile::tempdir()?;
-    let result = churn_in(moves, seed, root.path()).await;
+    let result = churn_in(moves, seed, keys, root.path()).await;
     if !result.as_ref().is_ok_and(Churn::passed) {
         let kept = root.keep();
         eprintln!(
@@ -727,10 +776,11 @@ async fn collect_moves(api: &Api, seen: &mut BTreeMap<String, Value>) -> Result<
     Ok(())
 }
 
-async fn churn_in(moves: usize, seed: u64, root: &Path) -> Result<Churn> {
+async fn churn_in(moves: usize, seed: u64, keys: usize, root: &Path) -> Result<Churn> {
     let mut rng = Rng::new(seed);
     let hosts = ["a", "b", "c"];
     let (mut c, input, output, commits) = deploy(root, "churn", String::new(), 2).await?;
+    let preloaded = preload(&c.api()?, &input, keys).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(Mutex::new(Vec::new()));
     let producer = produce_until(input.clone(), stop.clone(), sent.clone(), seed);
@@ -797,12 +847,12 @@ async fn churn_in(moves: usize, seed: u64, root: &Path) -> Result<Churn> {
     stop.store(true, Ordering::Relaxed);
     producer.await??;
     let sent = sent.lock().unwrap().clone();
-    let total = sent.len() as u64;
+    let total = (preloaded.len() + sent.len()) as u64;
     api.wait_caught_up("wc", total, Duration::from_secs(120))
         .await?;
     api.wait_caught_up("up", total, Duration::from_secs(120))
         .await?;
-    let v = verdict(&api, &sent, &output, &commits).await?;
+    let v = verdict(&api, &sent, &preloaded, &output, &commits).await?;
     let (mut done, mut for_a_host, mut otherwise, mut pauses) =
         (0, Vec::new(), Vec::new(), Vec::new());
     let mut slow = Vec::new();
@@ -862,7 +912,7 @@ async fn churn_in(moves: usize, seed: u64, root: &Path) -> Result<Churn> {
         abandoned_otherwise: otherwise,
         pauses_ms: pauses,
         slow,
-        records: sent.len(),
+        records: preloaded.len() + sent.len(),
         lost: v.lost,
         duplicated: v.duplicated,
         two_writers: v.two_writers,

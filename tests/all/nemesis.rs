@@ -13,7 +13,7 @@ async fn a_move_struck_at_a_random_step_loses_and_doubles_nothing() -> anyhow::R
     let n = rng.pick(Nemesis::ALL);
     let s = rng.next_u64();
     eprintln!("{} with seed {s}", n.name());
-    let o = nemesis::run(n, s).await?;
+    let o = nemesis::run(n, s, 0).await?;
     eprintln!("{o:?}");
     assert_eq!(o.lost, 0, "{o:?}");
     assert_eq!(o.duplicated, 0, "{o:?}");
@@ -31,7 +31,7 @@ async fn moves_under_churn_lose_and_double_nothing_and_give_up_only_for_a_host()
     let _k = baton_tests::kafka_lock().await;
     let seed = baton_tests::test_seed("churn");
     eprintln!("churn with seed {seed}");
-    let c = nemesis::churn(12, seed).await?;
+    let c = nemesis::churn(12, seed, 0).await?;
     eprintln!("{c:?}");
     assert_eq!(c.lost, 0, "{c:?}");
     assert_eq!(c.duplicated, 0, "{c:?}");

@@ -4,7 +4,10 @@
 //! table: scenario, runs, records, lost, duplicated, two writers, max pause, max open
 //! transaction, pass. Exits non-zero when a check did not hold. `--churn N` instead asks for N
 //! moves 0.7 s apart over four partitions of three hosts, one host killed halfway
-//! (`baton_tests::nemesis::churn`), and prints how the moves ended and their pauses.
+//! (`baton_tests::nemesis::churn`), and prints how the moves ended and their pauses. `--keys K`
+//! preloads K distinct keys before the faults or moves (production-shaped state: a target warms
+//! them up, a take-over restores them); the checker asks word count for a sample of them and
+//! checks uppercase's output of every one.
 
 use baton_tests::nemesis::{self, Nemesis, Rng};
 
@@ -25,9 +28,10 @@ async fn main() -> anyhow::Result<()> {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1)
     });
+    let keys = arg("--keys").unwrap_or(0) as usize;
     if let Some(moves) = arg("--churn") {
-        println!("churn: {moves} moves, seed {seed}");
-        let c = nemesis::churn(moves as usize, seed).await?;
+        println!("churn: {moves} moves, seed {seed}, {keys} keys preloaded");
+        let c = nemesis::churn(moves as usize, seed, keys).await?;
         let ms = |p: Option<f64>| p.map_or("-".into(), |p| format!("{p:.1}"));
         println!(
             "\n| moves asked | refused | done | abandoned for a host (left, restarted, did not drain) or a timeout | abandoned otherwise | pause p50 ms | pause p99 ms | pause max ms | records | lost | duplicated | two writers | pass |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -62,7 +66,7 @@ async fn main() -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    println!("faults: {runs} runs, seed {seed}");
+    println!("faults: {runs} runs, seed {seed}, {keys} keys preloaded");
     let mut seeds = Rng::new(seed);
     let mut outcomes = Vec::new();
     let mut errors = 0;
@@ -70,7 +74,7 @@ async fn main() -> anyhow::Result<()> {
         let n = Nemesis::ALL[(r as usize) % Nemesis::ALL.len()];
         let s = seeds.next_u64();
         let started = std::time::Instant::now();
-        match nemesis::run(n, s).await {
+        match nemesis::run(n, s, keys).await {
             Ok(o) => {
                 println!(
                     "run {r}: {} (seed {s}) in {:.0} s: {} records, lost {}, duplicated {}, two \
@@ -95,7 +99,10 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
-    println!("\nfaults (seed {seed})\n\n{}", nemesis::table(&outcomes));
+    println!(
+        "\nfaults (seed {seed}, {keys} keys preloaded)\n\n{}",
+        nemesis::table(&outcomes)
+    );
     if errors > 0 {
         println!("{errors} runs did not complete");
     }
