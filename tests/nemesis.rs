@@ -47,6 +47,25 @@ pub enum Nemesis {
     StopOwnerWarming,
     /// SIGSTOP of the target between the release and its take-over, then SIGCONT.
     StopTargetBeforeTakeOver,
+    /// `kill -9` of the target during its take-over: the assignment at the next epoch counts,
+    /// and its session has restored but not yet processed.
+    KillTargetTakingOver,
+    /// SIGSTOP of the target during its take-over, then SIGCONT (past the session timeout:
+    /// it is failed over, and must be fenced when it wakes).
+    StopTargetTakingOver,
+    /// `kill -9` of the controller while the target warms.
+    KillControllerWarming,
+    /// `kill -9` of the controller after the owner's release, while the target is held before
+    /// its take-over.
+    KillControllerReleased,
+}
+
+/// Whom the nemesis strikes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Victim {
+    Owner,
+    Target,
+    Controller,
 }
 
 impl Nemesis {
@@ -58,6 +77,10 @@ impl Nemesis {
         Nemesis::KillOwnerWarming,
         Nemesis::StopOwnerWarming,
         Nemesis::StopTargetBeforeTakeOver,
+        Nemesis::KillTargetTakingOver,
+        Nemesis::StopTargetTakingOver,
+        Nemesis::KillControllerWarming,
+        Nemesis::KillControllerReleased,
     ];
 
     /// Its name in the table.
@@ -69,30 +92,47 @@ impl Nemesis {
             Nemesis::KillOwnerWarming => "kill owner, warming",
             Nemesis::StopOwnerWarming => "stop owner, warming",
             Nemesis::StopTargetBeforeTakeOver => "stop target, released",
+            Nemesis::KillTargetTakingOver => "kill target, taking over",
+            Nemesis::StopTargetTakingOver => "stop target, taking over",
+            Nemesis::KillControllerWarming => "kill controller, warming",
+            Nemesis::KillControllerReleased => "kill controller, released",
         }
     }
 
-    /// The step the target is held at when the nemesis strikes.
+    /// The step the target is held at when the nemesis strikes: a session's step during the
+    /// take-over (the initial owner passes it once at its start too, which only delays it).
     fn step(self) -> &'static str {
         match self {
-            Nemesis::KillTargetWarming | Nemesis::KillOwnerWarming | Nemesis::StopOwnerWarming => {
-                baton::steps::MOVE_WARMING
+            Nemesis::KillTargetWarming
+            | Nemesis::KillOwnerWarming
+            | Nemesis::StopOwnerWarming
+            | Nemesis::KillControllerWarming => baton::steps::MOVE_WARMING,
+            Nemesis::KillTargetTakingOver | Nemesis::StopTargetTakingOver => {
+                baton::steps::SESSION_RESTORED
             }
-            _ => baton::steps::MOVE_TAKE_OVER,
+            Nemesis::KillTargetBeforeTakeOver
+            | Nemesis::KillOwnerAfterRelease
+            | Nemesis::StopTargetBeforeTakeOver
+            | Nemesis::KillControllerReleased => baton::steps::MOVE_TAKE_OVER,
         }
     }
 
-    fn strikes_owner(self) -> bool {
-        matches!(
-            self,
-            Nemesis::KillOwnerAfterRelease | Nemesis::KillOwnerWarming | Nemesis::StopOwnerWarming
-        )
+    fn victim(self) -> Victim {
+        match self {
+            Nemesis::KillOwnerAfterRelease
+            | Nemesis::KillOwnerWarming
+            | Nemesis::StopOwnerWarming => Victim::Owner,
+            Nemesis::KillControllerWarming | Nemesis::KillControllerReleased => Victim::Controller,
+            _ => Victim::Target,
+        }
     }
 
     fn kills(self) -> bool {
         !matches!(
             self,
-            Nemesis::StopOwnerWarming | Nemesis::StopTargetBeforeTakeOver
+            Nemesis::StopOwnerWarming
+                | Nemesis::StopTargetBeforeTakeOver
+                | Nemesis::StopTargetTakingOver
         )
     }
 }
@@ -340,6 +380,19 @@ fn produce_until(
     })
 }
 
+/// The cluster's controller, as `GET /api/v1/hosts` shows it.
+async fn controller(api: &Api) -> Result<String> {
+    let r = api.get("/api/v1/hosts").await?;
+    r.body
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|h| h["controller"] == true)
+        .and_then(|h| h["id"].as_str())
+        .map(str::to_string)
+        .context("no host is the controller")
+}
+
 /// Starts the three hosts of a run under `root` with the holds `steps`, a topic for their
 /// commit records, and word count and uppercase (an output topic) in `partitions` partitions
 /// each, exactly-once; returns once every partition runs, with the input, output and commits
@@ -440,13 +493,44 @@ async fn run_in(nemesis: Nemesis, seed: u64, keys: usize, root: &Path) -> Result
     tokio::time::sleep(rng.between(Duration::from_millis(500), Duration::from_millis(1500))).await;
 
     // Both partitions move at once; the nemesis strikes the move of wc-0.
-    let owner = row(&api, "wc-0").await?["owner"]
+    let mut owner = row(&api, "wc-0").await?["owner"]
         .as_str()
         .unwrap_or_default()
         .to_string();
+    // The controller is struck as a third party: neither the owner nor the target.
+    let ctrl = controller(&api).await?;
+    if nemesis.victim() == Victim::Controller && owner == ctrl {
+        let to = rng.pick(
+            &["a", "b", "c"]
+                .into_iter()
+                .filter(|h| *h != ctrl)
+                .collect::<Vec<_>>(),
+        );
+        let id = request_move(&api, "wc-0", to).await?;
+        wait_for(
+            &format!("wc-0 moved to {to} first"),
+            Duration::from_secs(60),
+            || async {
+                let r = row(&api, "wc-0").await?;
+                let done = r["moves"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|m| m["id"] == id.as_str())
+                    .and_then(|m| m["phase"].as_str().map(str::to_string));
+                match done.as_deref() {
+                    Some("done") if r["owner"] == to && r["state"] == "running" => Ok(Some(())),
+                    Some("abandoned") => bail!("the first move of wc-0 to {to} was abandoned: {r}"),
+                    _ => Ok(None),
+                }
+            },
+        )
+        .await?;
+        owner = to.to_string();
+    }
     let others: Vec<&str> = ["a", "b", "c"]
         .into_iter()
-        .filter(|h| *h != owner)
+        .filter(|h| *h != owner && (nemesis.victim() != Victim::Controller || *h != ctrl))
         .collect();
     let target = rng.pick(&others).to_string();
     let up_owner = row(&api, "up-0").await?["owner"]
@@ -463,7 +547,6 @@ async fn run_in(nemesis: Nemesis, seed: u64, keys: usize, root: &Path) -> Result
     request_move(&api, "up-0", up_to).await?;
 
     let (oi, ti) = (c.index(&owner)?, c.index(&target)?);
-    let victim = if nemesis.strikes_owner() { oi } else { ti };
     crate::wait_held(
         &c.members[ti].dir,
         nemesis.step(),
@@ -472,6 +555,11 @@ async fn run_in(nemesis: Nemesis, seed: u64, keys: usize, root: &Path) -> Result
     )
     .await?;
     tokio::time::sleep(rng.between(Duration::ZERO, hold / 2)).await;
+    let victim = match nemesis.victim() {
+        Victim::Owner => oi,
+        Victim::Target => ti,
+        Victim::Controller => c.index(&ctrl)?,
+    };
     // Transactions are on the output and on wc's changelog.
     let changelog = format!("{}.wc.counts.changelog", c.cluster);
     let written = |committed: bool| -> Result<Vec<i64>> {

@@ -1,5 +1,5 @@
 //! `bench/faults`: the fault harness of reconfiguration (see `baton_tests::nemesis`), run
-//! `--runs N` times (6 by default, one per scenario) over the scenarios in turn, with fault
+//! `--runs N` times (10 by default, one per scenario) over the scenarios in turn, with fault
 //! times drawn from `--seed S` (printed; the current time by default). Prints each run, then a
 //! table: scenario, runs, records, lost, duplicated, two writers, max pause, max open
 //! transaction, pass. Exits non-zero when a check did not hold. `--churn N` instead asks for N
