@@ -42,6 +42,14 @@
 #ifndef BATON_H
 #define BATON_H
 
+/* The version of this SDK's source API (semver; CHANGELOG.md at the repository's root), and the
+ * contract it builds for. */
+#define BATON_SDK_VERSION_MAJOR 0
+#define BATON_SDK_VERSION_MINOR 2
+#define BATON_SDK_VERSION_PATCH 0
+#define BATON_SDK_VERSION "0.2.0"
+#define BATON_CONTRACT_VERSION "0.2.0"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

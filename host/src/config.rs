@@ -58,6 +58,37 @@ impl FileConfig {
     }
 }
 
+/// Parses a `--kafka-config` argument: `key=value`, or `@FILE`, a librdkafka properties file
+/// (`key=value` lines; blank lines and lines starting with `#` or `!` are skipped), as other
+/// Kafka tools take.
+pub fn parse_kafka_config(s: &str) -> Result<KafkaSettings, String> {
+    match s.strip_prefix('@') {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("Kafka properties file `{path}`: {e}"))?;
+            parse_properties(&text).map_err(|e| format!("Kafka properties file `{path}`: {e}"))
+        }
+        None => parse_key_value(s).map(|kv| KafkaSettings(vec![kv])),
+    }
+}
+
+/// The settings of one `--kafka-config` argument.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaSettings(pub Vec<(String, String)>);
+
+/// Parses the text of a properties file: `key=value` lines, blank and comment lines skipped.
+pub fn parse_properties(text: &str) -> Result<KafkaSettings, String> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') || line.starts_with('!') {
+            continue;
+        }
+        out.push(parse_key_value(line).map_err(|e| format!("line {}: {e}", i + 1))?);
+    }
+    Ok(KafkaSettings(out))
+}
+
 /// Parses `key=value` (a `--kafka-config` argument).
 pub fn parse_key_value(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
@@ -136,6 +167,36 @@ mod tests {
                 .unwrap_err()
                 .contains("unknown unit")
         );
+    }
+
+    #[test]
+    fn kafka_settings_come_one_by_one_or_from_a_properties_file() {
+        assert_eq!(
+            parse_kafka_config("compression.type=lz4").unwrap(),
+            KafkaSettings(vec![("compression.type".into(), "lz4".into())])
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("client.properties");
+        std::fs::write(
+            &file,
+            "# TLS\nsecurity.protocol = SASL_SSL\n\n! SCRAM\nsasl.mechanism=SCRAM-SHA-512\n\
+             sasl.password=p=w\n",
+        )
+        .unwrap();
+        let got = parse_kafka_config(&format!("@{}", file.display())).unwrap();
+        assert_eq!(
+            got.0,
+            vec![
+                ("security.protocol".to_string(), "SASL_SSL".to_string()),
+                ("sasl.mechanism".into(), "SCRAM-SHA-512".into()),
+                ("sasl.password".into(), "p=w".into()),
+            ]
+        );
+        std::fs::write(&file, "a=1\nnot a setting\n").unwrap();
+        let e = parse_kafka_config(&format!("@{}", file.display())).unwrap_err();
+        assert!(e.contains("line 2") && e.contains("not a setting"), "{e}");
+        let e = parse_kafka_config("@/no/such/file").unwrap_err();
+        assert!(e.contains("/no/such/file"), "{e}");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
-use baton::config::{FileConfig, parse_key_value, parse_size};
+use baton::config::{FileConfig, KafkaSettings, parse_kafka_config, parse_key_value, parse_size};
 use baton::transport::kafka::KafkaConfig;
 use baton::{Baton, HostConfig};
 
@@ -40,10 +40,17 @@ struct MallocConf(*const std::ffi::c_char);
 #[allow(unsafe_code)]
 unsafe impl Sync for MallocConf {}
 
+/// `baton --version`: the host's version and the contracts it serves
+/// (`baton::runtime::WIT_VERSIONS`; a test keeps them equal).
+const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (contracts baton:processor@0.2.0, baton:processor@0.1.0)"
+);
+
 #[derive(Parser)]
 #[command(
     name = "baton",
-    version,
+    version = LONG_VERSION,
     about = "A host for stateful stream processors written as WebAssembly components"
 )]
 struct Cli {
@@ -177,9 +184,11 @@ struct RunArgs {
     /// 60s].
     #[arg(long)]
     handoff_timeout: Option<String>,
-    /// A librdkafka setting for every client, key=value (repeatable).
-    #[arg(long = "kafka-config", value_parser = parse_key_value)]
-    kafka_config: Vec<(String, String)>,
+    /// A librdkafka setting for every client, key=value, or @FILE, a properties file of them
+    /// (repeatable). Settings baton sets itself (group.id, transactional.id, isolation.level,
+    /// ...) are refused.
+    #[arg(long = "kafka-config", value_parser = parse_kafka_config)]
+    kafka_config: Vec<KafkaSettings>,
     /// Replication factor of the topics baton creates [default: the broker's
     /// default.replication.factor].
     #[arg(long)]
@@ -362,15 +371,17 @@ fn run(args: RunArgs, token: Option<String>) -> anyhow::Result<()> {
     }
     if let Some(bootstrap) = args.kafka.or(file.kafka) {
         let mut settings: Vec<(String, String)> = file.kafka_config.into_iter().collect();
-        settings.extend(args.kafka_config);
-        config.kafka = Some(KafkaConfig {
+        settings.extend(args.kafka_config.into_iter().flat_map(|s| s.0));
+        let kafka = KafkaConfig {
             bootstrap,
             settings,
             replication_factor: args.replication_factor.or(file.replication_factor),
             min_insync_replicas: args.min_insync_replicas.or(file.min_insync_replicas),
             input_stall: None,
             commit_hang: None,
-        });
+        };
+        kafka.check_settings()?;
+        config.kafka = Some(kafka);
     } else {
         anyhow::ensure!(args.kafka_config.is_empty(), "--kafka-config needs --kafka");
         anyhow::ensure!(

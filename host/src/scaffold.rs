@@ -7,6 +7,11 @@ use std::process::Command;
 /// The languages `baton new` knows of.
 pub const LANGUAGES: &[&str] = &["rust", "js", "python", "c", "go"];
 
+/// The version of the Rust SDK (`baton-sdk`) this host's contract matches: a new Rust project
+/// requires it, so that a later SDK that breaks its source API (a new minor while 0.x) is a
+/// build error naming the version, not a surprise.
+pub const RUST_SDK_VERSION: &str = "0.2.0";
+
 /// The Rust SDK of this build of baton, when its sources are where they were built.
 pub fn default_sdk() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk")
@@ -79,7 +84,7 @@ publish = false
 crate-type = ["cdylib"]
 
 [dependencies]
-baton-sdk = {{ path = "{}" }}
+baton-sdk = {{ version = "{RUST_SDK_VERSION}", path = "{}" }}
 
 [profile.release]
 opt-level = 3
@@ -751,4 +756,86 @@ fn componentize_file(core: &Path, out: &Path) -> Result<PathBuf, String> {
         .map_err(|e| format!("{}: {e}", core.display()))?;
     std::fs::write(out, component).map_err(|e| format!("{}: {e}", out.display()))?;
     Ok(out.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The version a file states after `prefix` on one of its lines, unquoted.
+    fn stated(text: &str, prefix: &str) -> String {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(prefix))
+            .map(|v| v.trim().trim_matches(|c| c == '"' || c == ',').to_string())
+            .unwrap_or_else(|| panic!("no line starts with `{prefix}`"))
+    }
+
+    #[test]
+    fn the_changelog_states_each_sdk_version_as_its_sources_do() {
+        let changelog = include_str!("../../CHANGELOG.md");
+        let row = |part: &str| {
+            stated(changelog, &format!("| {part} | "))
+                .split(' ')
+                .next()
+                .unwrap()
+                .to_string()
+        };
+        let sources = [
+            (
+                "Rust SDK",
+                stated(include_str!("../../guest-sdk/Cargo.toml"), "version = "),
+            ),
+            (
+                "JavaScript SDK",
+                stated(
+                    include_str!("../../guest-sdk/js/package.json"),
+                    "\"version\": ",
+                ),
+            ),
+            (
+                "Python SDK",
+                stated(
+                    include_str!("../../guest-sdk/python/pyproject.toml"),
+                    "version = ",
+                ),
+            ),
+            (
+                "C SDK",
+                stated(
+                    include_str!("../../guest-sdk/c/baton.h"),
+                    "#define BATON_SDK_VERSION ",
+                ),
+            ),
+            ("host", crate::VERSION.to_string()),
+            ("contract", crate::runtime::WIT_VERSION.to_string()),
+        ];
+        for (part, version) in sources {
+            assert_eq!(row(part), version, "CHANGELOG.md's row of the {part}");
+        }
+        assert_eq!(
+            stated(
+                include_str!("../../guest-sdk/c/baton.h"),
+                "#define BATON_CONTRACT_VERSION "
+            ),
+            crate::runtime::WIT_VERSION
+        );
+    }
+
+    #[test]
+    fn a_new_rust_project_requires_the_sdk_version_in_the_tree() {
+        let manifest = include_str!("../../guest-sdk/Cargo.toml");
+        let version = manifest
+            .lines()
+            .find_map(|l| l.strip_prefix("version = "))
+            .map(|v| v.trim().trim_matches('"'))
+            .expect("guest-sdk/Cargo.toml names its version");
+        assert_eq!(version, RUST_SDK_VERSION);
+        let dir = tempfile::tempdir().unwrap();
+        new_project("rust", &dir.path().join("p"), &default_sdk()).unwrap();
+        let cargo = std::fs::read_to_string(dir.path().join("p/Cargo.toml")).unwrap();
+        assert!(
+            cargo.contains(&format!("baton-sdk = {{ version = \"{RUST_SDK_VERSION}\"")),
+            "{cargo}"
+        );
+    }
 }

@@ -157,3 +157,46 @@ async fn the_cli_drives_a_host() -> anyhow::Result<()> {
     result?;
     host.stop().await
 }
+
+#[test]
+fn version_names_the_host_and_every_contract_it_serves() -> anyhow::Result<()> {
+    let out = Command::new(baton_bin()).arg("--version").output()?;
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout)?;
+    assert!(
+        text.starts_with(&format!("baton {}", baton::VERSION)),
+        "{text}"
+    );
+    for v in baton::runtime::WIT_VERSIONS {
+        assert!(
+            text.contains(&format!("baton:processor@{v}")),
+            "`{}` does not name contract {v}",
+            text.trim()
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn kafka_settings_baton_relies_on_are_refused_at_start() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let out = Command::new(baton_bin())
+        .args(["run", "--data-dir"])
+        .arg(dir.path())
+        .args([
+            "--http",
+            "127.0.0.1:0",
+            "--kafka",
+            "127.0.0.1:1",
+            "--kafka-config",
+            "isolation.level=read_uncommitted",
+        ])
+        .output()?;
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("isolation.level") && err.contains("cannot be overridden"),
+        "{err}"
+    );
+    Ok(())
+}

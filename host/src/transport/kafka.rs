@@ -23,8 +23,9 @@ use super::rdbatch::RecordQueue;
 use super::{LogRecord, Record, TopicKind, Transport, TransportError, validate_topic_name};
 
 /// How to reach the cluster: `--kafka` and the repeatable `--kafka-config key=value`, and how
-/// baton's topics are replicated.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// baton's topics are replicated. Its `Debug` hides the values of secret settings
+/// ([`is_secret`]).
+#[derive(Clone, PartialEq, Eq, Default)]
 pub struct KafkaConfig {
     /// `bootstrap.servers`.
     pub bootstrap: String,
@@ -55,7 +56,110 @@ pub const COMMIT_HANG: Duration = Duration::from_secs(90);
 /// seen to stop fetching after a broker restart, without an error.
 pub const INPUT_STALL: Duration = Duration::from_secs(30);
 
+/// librdkafka settings baton sets itself, per client, and that a user's setting must not
+/// override: each with what baton relies on it for.
+pub const RESERVED_SETTINGS: &[(&str, &str)] = &[
+    (
+        "bootstrap.servers",
+        "it is `--kafka` (or `kafka` in the config file)",
+    ),
+    (
+        "group.id",
+        "each pipeline commits its offsets to its own group, and the hosts join the cluster's",
+    ),
+    (
+        "group.instance.id",
+        "a host's membership is its own group session",
+    ),
+    (
+        "transactional.id",
+        "each partition's producer fences its older owners with its own transactional id",
+    ),
+    (
+        "enable.idempotence",
+        "the control log and the transactions need an idempotent producer",
+    ),
+    (
+        "isolation.level",
+        "changelogs and the control log are read committed, or a restore would apply aborted \
+         writes",
+    ),
+    (
+        "enable.auto.commit",
+        "input offsets are committed in each batch's transaction, never by the consumer",
+    ),
+    (
+        "enable.auto.offset.store",
+        "input offsets are committed in each batch's transaction, never by the consumer",
+    ),
+    (
+        "auto.offset.reset",
+        "where a pipeline starts is its `start` setting, and changelogs are read from the start",
+    ),
+    (
+        "enable.partition.eof",
+        "restores and catch-ups find the end of a partition from its watermarks",
+    ),
+    ("session.timeout.ms", "it is `--session-timeout`"),
+    (
+        "partition.assignment.strategy",
+        "the hosts' membership group relies on its own assignor",
+    ),
+];
+
+/// True for a setting whose value is a secret: it is never printed.
+pub fn is_secret(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    k.contains("password")
+        || k.contains("secret")
+        || k == "sasl.oauthbearer.config"
+        || k == "sasl.jaas.config"
+        || k.ends_with(".pem")
+}
+
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let settings: Vec<(&str, &str)> = self
+            .settings
+            .iter()
+            .map(|(k, v)| {
+                let v = if is_secret(k) {
+                    "[redacted]"
+                } else {
+                    v.as_str()
+                };
+                (k.as_str(), v)
+            })
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("bootstrap", &self.bootstrap)
+            .field("settings", &settings)
+            .field("replication_factor", &self.replication_factor)
+            .field("min_insync_replicas", &self.min_insync_replicas)
+            .field("input_stall", &self.input_stall)
+            .field("commit_hang", &self.commit_hang)
+            .finish()
+    }
+}
+
 impl KafkaConfig {
+    /// Refuses a user's setting of what baton sets itself ([`RESERVED_SETTINGS`]), naming the
+    /// setting and what baton relies on it for.
+    pub fn check_settings(&self) -> Result<(), TransportError> {
+        for (key, _) in &self.settings {
+            if let Some((_, why)) = RESERVED_SETTINGS
+                .iter()
+                .find(|(r, _)| r.eq_ignore_ascii_case(key.trim()))
+            {
+                return Err(TransportError::Misconfigured(format!(
+                    "Kafka setting `{key}` is baton's own and cannot be overridden: {why}. \
+                     Remove it from --kafka-config (or kafka_config in the config file)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Settings for `bootstrap` with baton's defaults.
     pub fn new(bootstrap: impl Into<String>) -> Self {
         KafkaConfig {
@@ -739,6 +843,7 @@ const CONSUMER_DEFAULTS: &[(&str, &str)] = &[
 impl KafkaTransport {
     /// Connects to the cluster; fails when no broker answers within 30 s.
     pub fn connect(config: KafkaConfig) -> Result<Self, TransportError> {
+        config.check_settings()?;
         let admin = KafkaAdmin::new(&config.bootstrap, &config.settings)
             .map_err(|e| kerr("admin client", e))?;
         let producer: BaseProducer<AppendContext> = config
@@ -1796,6 +1901,40 @@ impl BatchProducer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settings_baton_relies_on_are_refused_and_secrets_never_printed() {
+        let mut c = KafkaConfig::new("127.0.0.1:9092");
+        c.settings = vec![
+            ("compression.type".into(), "lz4".into()),
+            ("sasl.password".into(), "hunter2".into()),
+            ("ssl.key.password".into(), "swordfish".into()),
+        ];
+        c.check_settings().unwrap();
+        let shown = format!("{c:?}");
+        assert!(shown.contains("lz4"), "{shown}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("swordfish"),
+            "{shown}"
+        );
+        for key in [
+            "transactional.id",
+            "Isolation.Level",
+            "group.id",
+            "enable.idempotence",
+        ] {
+            c.settings = vec![(key.into(), "x".into())];
+            let e = c.check_settings().unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains("cannot be overridden"), "{e}");
+        }
+        // And no client is made with one.
+        c.settings = vec![("isolation.level".into(), "read_uncommitted".into())];
+        let e = KafkaTransport::connect(c)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains("isolation.level"), "{e}");
+    }
 
     /// Fails with `errors` in turn, then succeeds; counts the calls.
     fn flaky(errors: Vec<RDKafkaErrorCode>) -> impl FnMut() -> Result<u32, RdError> {
