@@ -56,6 +56,16 @@ const LONG_VERSION: &str = concat!(
 struct Cli {
     #[command(flatten)]
     conn: cli::Connection,
+    /// How log lines are written to stderr: `text`, for people, or `json`, one object per line
+    /// (timestamp, level, target, fields, spans) for log collectors.
+    #[arg(
+        long,
+        env = "BATON_LOG_FORMAT",
+        value_enum,
+        default_value = "text",
+        global = true
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -199,15 +209,25 @@ struct RunArgs {
     min_insync_replicas: Option<u16>,
 }
 
+/// The format of log lines (`--log-format`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
+    let cli = Cli::parse();
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("BATON_LOG")
                 .unwrap_or_else(|_| "info,wasmtime=warn,cranelift_codegen=warn".into()),
         )
-        .with_writer(std::io::stderr)
-        .init();
-    let cli = Cli::parse();
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().with_current_span(false).init(),
+    }
     let call = match cli.command {
         // `--token` (or BATON_TOKEN) is what the host requires of mutating calls.
         Command::Run(args) => return run(*args, cli.conn.token),

@@ -200,3 +200,61 @@ fn kafka_settings_baton_relies_on_are_refused_at_start() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn logs_are_json_lines_with_log_format_json() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut child = Command::new(baton_bin())
+        .args([
+            "--log-format",
+            "json",
+            "run",
+            "--http",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stderr = child.stderr.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // Every line up to the host's open is one JSON object with a level and a message.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut lines = 0;
+    let opened = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let Ok(line) = rx.recv_timeout(left) else {
+            break false;
+        };
+        lines += 1;
+        let v: Value = serde_json::from_str(&line)
+            .map_err(|e| anyhow::anyhow!("not a JSON line ({e}): {line}"))?;
+        assert!(
+            v["level"].is_string() && v["timestamp"].is_string(),
+            "{line}"
+        );
+        if v["fields"]["message"] == "baton host open" {
+            assert!(v["fields"]["data_dir"].is_string(), "{line}");
+            break true;
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        opened,
+        "no `baton host open` line among {lines} lines in 60 s"
+    );
+    Ok(())
+}
