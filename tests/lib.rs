@@ -40,6 +40,11 @@ fn built_plugin(name: &str) -> PathBuf {
     once.get_or_init(|| build_plugin(name)).clone()
 }
 
+/// The repository's root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
 fn build_plugin(name: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../plugins")

@@ -152,6 +152,31 @@ async fn readyz_metrics_events_and_scans() -> anyhow::Result<()> {
         text.contains("baton_batch_seconds_bucket{pipeline=\"wc\",partition=\"wc-0\",le=\"+Inf\"}"),
         "{text}"
     );
+    assert_eq!(sum("baton_session_failures_total"), 0.0, "{text}");
+    assert_eq!(sum("baton_partition_failed"), 0.0, "{text}");
+
+    // Every metric the shipped alert rules and dashboard use is one this host exports.
+    let exported = |name: &str| {
+        text.lines().any(|l| {
+            let l = l.strip_prefix("# TYPE ").unwrap_or(l);
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(['{', ' ']))
+        })
+    };
+    for file in [
+        "deploy/prometheus/baton-alerts.yml",
+        "deploy/grafana/baton-dashboard.json",
+    ] {
+        let used = metric_names(&std::fs::read_to_string(
+            baton_tests::repo_root().join(file),
+        )?);
+        assert!(used.len() >= 8, "{file} names only {used:?}");
+        let missing: Vec<_> = used.iter().filter(|n| !exported(n)).collect();
+        assert!(
+            missing.is_empty(),
+            "{file} uses metrics /metrics does not export: {missing:?}"
+        );
+    }
 
     // Scans: pages of 37 over prefix `w1` cover every such key exactly once, with its count.
     let mut expected = count(keys.iter().map(String::as_str));
@@ -252,4 +277,48 @@ async fn modules_come_back_from_the_log_and_compiled_code_is_reused() -> anyhow:
     assert_eq!(after, compiled[0].1, "compiled code was rewritten");
     assert_eq!(std::fs::read_dir(dir.path().join("compiled"))?.count(), 1);
     host.stop().await
+}
+
+/// The `baton_*` metric names a rules or dashboard file uses.
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("baton_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(tail.len());
+        // Not part of a longer word (a label value such as `job="baton"` has no underscore).
+        if i == 0 || !rest.as_bytes()[i - 1].is_ascii_alphanumeric() {
+            names.insert(tail[..end].to_string());
+        }
+        rest = &tail[end..];
+    }
+    names
+}
+
+/// The shipped alert rules load in Prometheus, and each alert fires on the series that should
+/// raise it and not before (`deploy/prometheus/baton-alerts.test.yml`); `scripts/setup`
+/// installs `promtool` (Debian's prometheus).
+#[test]
+fn alert_rules_pass_promtool() -> anyhow::Result<()> {
+    let dir = baton_tests::repo_root().join("deploy/prometheus");
+    for args in [
+        ["check", "rules", "baton-alerts.yml"],
+        ["test", "rules", "baton-alerts.test.yml"],
+    ] {
+        let out = std::process::Command::new("promtool")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .map_err(|e| anyhow::anyhow!("promtool (scripts/setup installs it): {e}"))?;
+        assert!(
+            out.status.success(),
+            "promtool {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
 }

@@ -80,6 +80,23 @@ fn text(baton: &crate::Baton) -> String {
         per(&|h| load(&h.status.time.commit_us) / 1e6),
     );
     family(
+        "baton_session_failures_total",
+        "counter",
+        "Sessions of the partition that ended in an error (a failed commit, a broker error, a \
+         fenced producer, a stalled input) and were started again.",
+        per(&|h| load(&h.status.session_failures)),
+    );
+    family(
+        "baton_partition_failed",
+        "gauge",
+        "1 while the partition is stopped by an error it cannot get past (its `error` in the \
+         partition table says which), else 0.",
+        per(&|h| {
+            let failed = matches!(*h.status.phase.lock(), crate::partition::Phase::Failed(_));
+            f64::from(u8::from(failed))
+        }),
+    );
+    family(
         "baton_state_bytes",
         "gauge",
         "Approximate bytes of state (live SST data and memtables).",

@@ -223,6 +223,7 @@ impl PartitionTask {
                     let msg = format!("{e:#}");
                     tracing::warn!("partition session ended: {msg}; retrying in {backoff:?}");
                     *self.status.last_error.lock() = Some(msg.clone());
+                    self.status.session_failures.fetch_add(1, Ordering::Relaxed);
                     Phase::Recovering(msg)
                 }
                 Err(panic) => {

@@ -64,6 +64,9 @@ pub struct PartitionStatus {
     pub version: Mutex<String>,
     /// Sessions that ended in a panic since start.
     pub panics: AtomicU64,
+    /// Sessions that ended in an error and were started again since start (a failed commit, a
+    /// broker error, a fenced producer, a stalled input).
+    pub session_failures: AtomicU64,
     /// Replays of dead letters in progress.
     pub replay: Mutex<Vec<ReplayProgress>>,
     /// When the partition here first called the guest with records (the end of a move's
@@ -160,6 +163,7 @@ impl PartitionStatus {
             batch_latency: Histogram::default(),
             version: Mutex::new(String::new()),
             panics: AtomicU64::new(0),
+            session_failures: AtomicU64::new(0),
             replay: Mutex::new(Vec::new()),
             first_call: Mutex::new(None),
             first_fetch: Mutex::new(None),
