@@ -12,9 +12,14 @@ pub const LANGUAGES: &[&str] = &["rust", "js", "python", "c", "go"];
 /// build error naming the version, not a surprise.
 pub const RUST_SDK_VERSION: &str = "0.2.0";
 
-/// The Rust SDK of this build of baton, when its sources are where they were built.
+/// The SDKs of this baton: `sdk/` beside the binary's `bin/` in a release (scripts/release),
+/// else `guest-sdk` of the checkout it was built from.
 pub fn default_sdk() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk")
+    let shipped = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("sdk")))
+        .filter(|sdk| sdk.join("Cargo.toml").is_file());
+    shipped.unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk"))
 }
 
 fn check_name(name: &str) -> Result<(), String> {

@@ -20,6 +20,7 @@ mod moves;
 mod nemesis;
 mod openapi;
 mod quickstart;
+mod release;
 mod restart;
 mod scaffold;
 mod state_scale;
