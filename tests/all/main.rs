@@ -6,6 +6,7 @@ mod cli;
 mod cluster;
 mod contracts;
 mod dead_letters;
+mod deploy;
 mod expiry;
 mod faults;
 mod holds;
