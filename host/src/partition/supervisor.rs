@@ -172,19 +172,8 @@ pub type RollbackRecorder = Box<dyn Fn(&str, u64, &str) + Send + Sync>;
 /// environment, the runtime, the module registry, the catalog, the control log, the peers and
 /// the standbys.
 pub struct Supervisor {
-    host_id: String,
-    log: Log,
-    state: Arc<StateEnv>,
-    runtime: Arc<Runtime>,
-    registry: Arc<Registry>,
-    catalog: Arc<Mutex<Catalog>>,
-    control: Arc<ControlLog>,
-    peers: Arc<Peers>,
-    standbys: Arc<Standbys>,
-    steps: Arc<Steps>,
-    task: TaskConfig,
-    /// `<data dir>/state`: each partition's RocksDB under `<pipeline>/<partition>`.
-    state_dir: PathBuf,
+    /// What it works over.
+    parts: SupervisorParts,
     /// Held while partitions start and stop: two callers that find one partition not running
     /// must not both start a loop for it.
     assigning: Mutex<()>,
@@ -230,40 +219,15 @@ pub struct SupervisorParts {
     pub steps: Arc<Steps>,
     /// Per-partition settings.
     pub task: TaskConfig,
-    /// `<data dir>/state`.
+    /// `<data dir>/state`: each partition's RocksDB under `<pipeline>/<partition>`.
     pub state_dir: PathBuf,
 }
 
 impl Supervisor {
     /// A supervisor that runs nothing yet.
     pub fn new(parts: SupervisorParts) -> Arc<Self> {
-        let SupervisorParts {
-            host_id,
-            log,
-            state,
-            runtime,
-            registry,
-            catalog,
-            control,
-            peers,
-            standbys,
-            steps,
-            task,
-            state_dir,
-        } = parts;
         Arc::new_cyclic(|me| Supervisor {
-            host_id,
-            log,
-            state,
-            runtime,
-            registry,
-            catalog,
-            control,
-            peers,
-            standbys,
-            steps,
-            task,
-            state_dir,
+            parts,
             assigning: Mutex::new(()),
             closing: AtomicBool::new(false),
             runs: RwLock::new(BTreeMap::new()),
@@ -316,12 +280,12 @@ impl Supervisor {
 
     /// Where a partition's RocksDB lives on this host.
     pub fn partition_path(&self, pipeline: &str, partition: &str) -> PathBuf {
-        self.state_dir.join(pipeline).join(partition)
+        self.parts.state_dir.join(pipeline).join(partition)
     }
 
     /// The copies of partitions this host keeps (standbys, warming replicas), with their role.
     pub fn local_replicas(&self) -> Vec<(String, ReplicaInfo)> {
-        self.peers.replicas(&self.host_id)
+        self.parts.peers.replicas(&self.parts.host_id)
     }
 
     /// This host's assignments of `pipeline`: on the embedded log every partition; on Kafka
@@ -329,18 +293,18 @@ impl Supervisor {
     /// creator has not assigned it, or the pipeline was created before assignments existed)
     /// runs nowhere until the controller assigns it, within a tick: never on two hosts.
     pub fn local_assignments(&self, pipeline: &str) -> Vec<Assignment> {
-        let catalog = self.catalog.lock();
+        let catalog = self.parts.catalog.lock();
         let Some(record) = catalog.pipelines.get(pipeline) else {
             return Vec::new();
         };
         let all = single_host_assignments(record);
-        if !self.log.is_kafka() {
+        if !self.parts.log.is_kafka() {
             return all;
         }
         catalog
             .assignments
             .values()
-            .filter(|a| a.pipeline == pipeline && a.owner == self.host_id)
+            .filter(|a| a.pipeline == pipeline && a.owner == self.parts.host_id)
             .map(|a| Assignment {
                 id: a.partition.clone(),
                 slots: a.slots[0]..a.slots[1],
@@ -353,7 +317,7 @@ impl Supervisor {
     /// assignments.
     pub fn follow_assignments(&self, pipeline: &str) {
         // A standby of a partition this host now owns stops before the partition starts.
-        self.standbys.follow();
+        self.parts.standbys.follow();
         if !self.runs(pipeline) {
             return;
         }
@@ -380,7 +344,8 @@ impl Supervisor {
 
     /// The partitions of `pipeline` running here.
     pub(crate) fn pipeline_partitions(&self, pipeline: &str) -> Vec<Arc<PartitionHandle>> {
-        self.peers
+        self.parts
+            .peers
             .handles()
             .into_iter()
             .filter(|h| h.pipeline == pipeline)
@@ -396,10 +361,10 @@ impl Supervisor {
         }
         for p in &parts {
             p.join();
-            self.peers.forget(p);
+            self.parts.peers.forget(p);
         }
-        for id in self.peers.released_without_session(name) {
-            self.peers.forget_release(&id);
+        for id in self.parts.peers.released_without_session(name) {
+            self.parts.peers.forget_release(&id);
         }
         self.runs.write().remove(name);
         self.targets.write().remove(name);
@@ -409,7 +374,7 @@ impl Supervisor {
     }
 
     pub(crate) fn start_pipeline(&self, record: Arc<PipelineRecord>) -> anyhow::Result<()> {
-        let module = self.registry.get(&record.sha256).ok_or_else(|| {
+        let module = self.parts.registry.get(&record.sha256).ok_or_else(|| {
             anyhow::anyhow!(
                 "module {} of pipeline {} is not loaded",
                 record.sha256,
@@ -425,10 +390,11 @@ impl Supervisor {
         };
         for t in spec.outputs.iter().chain([&record.dlq_topic()]) {
             let partitions = self
+                .parts
                 .log
                 .partitions(t)?
                 .ok_or_else(|| anyhow::anyhow!("topic `{t}` is missing"))?;
-            let max_record_bytes = self.log.max_record_bytes(t)?;
+            let max_record_bytes = self.parts.log.max_record_bytes(t)?;
             limits.outputs.insert(
                 t.clone(),
                 OutputTopic {
@@ -437,19 +403,20 @@ impl Supervisor {
                 },
             );
         }
-        if self.log.is_kafka() {
+        if self.parts.log.is_kafka() {
             for s in &spec.state_stores() {
                 let changelog = record.changelog_topic(s);
                 // Pipelines created before the host kept a store of its own lack its changelog.
                 if s == crate::control::pipeline::TIME_STORE
-                    && self.log.partitions(&changelog)?.is_none()
+                    && self.parts.log.partitions(&changelog)?.is_none()
                 {
-                    self.log
+                    self.parts
+                        .log
                         .ensure_topic(&changelog, spec.slots, TopicKind::Compacted)?;
                 }
                 limits
                     .changelog_record_bytes
-                    .push(self.log.max_record_bytes(&changelog)?);
+                    .push(self.parts.log.max_record_bytes(&changelog)?);
             }
         }
         let outputs = Arc::new(limits);
@@ -495,7 +462,7 @@ impl Supervisor {
         });
         self.runs.write().insert(spec.name.clone(), run);
         self.assign(&spec.name, &self.local_assignments(&spec.name))?;
-        self.standbys.follow();
+        self.parts.standbys.follow();
         Ok(())
     }
 
@@ -519,7 +486,7 @@ impl Supervisor {
         // A partition runs one shape: a different one for a running partition is refused
         // before anything changes.
         for a in assignments {
-            if let Some(h) = self.peers.running(&a.id)
+            if let Some(h) = self.parts.peers.running(&a.id)
                 && h.slots != a.slots
             {
                 anyhow::bail!(
@@ -534,6 +501,7 @@ impl Supervisor {
         // Sessions here that are not assigned any more (a released one included: its move's
         // target took it over) stop and are forgotten.
         let gone: Vec<_> = self
+            .parts
             .peers
             .handles()
             .into_iter()
@@ -544,15 +512,15 @@ impl Supervisor {
         }
         for h in &gone {
             h.join();
-            self.peers.forget(h);
+            self.parts.peers.forget(h);
         }
-        for id in self.peers.released_without_session(pipeline) {
+        for id in self.parts.peers.released_without_session(pipeline) {
             if !wanted.contains(id.as_str()) {
-                self.peers.forget_release(&id);
+                self.parts.peers.forget_release(&id);
             }
         }
         for a in assignments {
-            match self.peers.claim(&a.id) {
+            match self.parts.peers.claim(&a.id) {
                 Claimed::Running(h) if !h.stopping() => {
                     h.epoch.fetch_max(a.epoch, Ordering::Relaxed);
                 }
@@ -561,15 +529,15 @@ impl Supervisor {
                 Claimed::Running(h) => {
                     h.join();
                     let new = self.start_partition(&run, a, Claim::default())?;
-                    self.peers.restarted(&h, new);
+                    self.parts.peers.restarted(&h, new);
                 }
                 // Released for a move (before a restart, too): it never processes at the
                 // released epoch again, and resumes only once the move is abandoned.
                 Claimed::Released => {}
                 Claimed::Start(claim) => match self.start_partition(&run, a, claim) {
-                    Ok(h) => self.peers.started(h),
+                    Ok(h) => self.parts.peers.started(h),
                     Err(e) => {
-                        self.peers.not_started(&a.id);
+                        self.parts.peers.not_started(&a.id);
                         return Err(e);
                     }
                 },
@@ -595,12 +563,12 @@ impl Supervisor {
         let spec = &record.spec;
         let (id, slots) = (a.id.clone(), a.slots.clone());
         let path = self.partition_path(&spec.name, &id);
-        let db = self.state.open_shared(&path, &spec.state_stores())?;
+        let db = self.parts.state.open_shared(&path, &spec.state_stores())?;
         let status = Arc::new(PartitionStatus::new());
         let (commands, inbox) = Inbox::channel();
         let io: IoFactory = {
             let (pipeline, id, slots) = (record.clone(), id.clone(), slots.clone());
-            match (self.log.as_embedded(), self.log.as_kafka()) {
+            match (self.parts.log.as_embedded(), self.parts.log.as_kafka()) {
                 (Some(log), _) => {
                     let log = log.clone();
                     Box::new(move || {
@@ -616,10 +584,10 @@ impl Supervisor {
                     let k = k.clone();
                     // Clients a move's target made ready while warming: for the first session.
                     let prepared = Mutex::new(prepared);
-                    let steps = self.steps.clone();
+                    let steps = self.parts.steps.clone();
                     let audit = steps.commits_topic().map(|topic| CommitAudit {
                         topic: topic.to_string(),
-                        host: self.host_id.clone(),
+                        host: self.parts.host_id.clone(),
                         partition: id.clone(),
                         epoch: a.epoch,
                         session: 0,
@@ -650,18 +618,18 @@ impl Supervisor {
             db: db.clone(),
             io,
             outputs: run.outputs.clone(),
-            runtime: self.runtime.clone(),
+            runtime: self.parts.runtime.clone(),
             target: run.target.clone(),
             on_rollback: run.on_rollback.clone(),
             events: run.events.clone(),
-            config: self.task.clone(),
+            config: self.parts.task.clone(),
             status: status.clone(),
             inbox,
             isolate: Mutex::new(None),
             replays: run.replays.clone(),
             rejected: AtomicU64::new(0),
             initial: Mutex::new(Some(run.target.get())),
-            steps: self.steps.clone(),
+            steps: self.parts.steps.clone(),
             owns: {
                 let (me, id) = (self.me.clone(), id.clone());
                 // A move's target just recorded its own assignment and read it back: its
@@ -695,28 +663,32 @@ impl Supervisor {
     /// read back). On the embedded log, and for a pipeline no assignment
     /// names, it does.
     pub(crate) fn owns(&self, id: &str, read_back: bool) -> bool {
-        if !self.log.is_kafka() {
+        if !self.parts.log.is_kafka() {
             return true;
         }
         // A move's target just recorded its own assignment: the catalog has it already.
         if !read_back {
-            self.control.catch_up(std::time::Duration::from_secs(5));
+            self.parts
+                .control
+                .catch_up(std::time::Duration::from_secs(5));
         }
-        self.catalog
+        self.parts
+            .catalog
             .lock()
             .assignments
             .get(id)
-            .is_none_or(|a| a.owner == self.host_id)
+            .is_none_or(|a| a.owner == self.parts.host_id)
     }
 
     /// The running partitions with their live status (for metrics).
     pub fn partition_handles(&self) -> Vec<Arc<PartitionHandle>> {
-        self.peers.handles()
+        self.parts.peers.handles()
     }
 
     /// The partitions running on this host.
     pub fn local_partitions(&self) -> Vec<PartitionInfo> {
-        self.peers
+        self.parts
+            .peers
             .handles()
             .iter()
             .map(|h| {
@@ -734,7 +706,7 @@ impl Supervisor {
                     id: h.id.clone(),
                     pipeline: h.pipeline.clone(),
                     slots: [h.slots.start, h.slots.end],
-                    owner: self.host_id.clone(),
+                    owner: self.parts.host_id.clone(),
                     epoch: h.epoch.load(Ordering::Relaxed),
                     state,
                     restore: h.status.restore.lock().clone(),
