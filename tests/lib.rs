@@ -40,6 +40,28 @@ fn built_plugin(name: &str) -> PathBuf {
     once.get_or_init(|| build_plugin(name)).clone()
 }
 
+/// Runs `cmd` with `stdin` on its standard input; returns (success, stdout as JSON or null,
+/// stderr): how the tests call the `baton` CLI.
+pub fn run_cli(cmd: &mut Command, stdin: &str) -> Result<(bool, Value, String)> {
+    use std::io::Write as _;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .context("stdin")?
+        .write_all(stdin.as_bytes())?;
+    let out = child.wait_with_output()?;
+    Ok((
+        out.status.success(),
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
 /// The repository's root.
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")

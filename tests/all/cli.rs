@@ -1,7 +1,6 @@
 //! The `baton` client subcommands against a host with a token: push, create, produce, get,
 //! list, swap, partitions, update and delete; and a clear failure without the token.
 
-use std::io::Write as _;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -22,22 +21,7 @@ impl Cli {
         if let Some(t) = &self.token {
             cmd.args(["--token", t]);
         }
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        child
-            .stdin
-            .take()
-            .expect("piped")
-            .write_all(stdin.as_bytes())?;
-        let out = child.wait_with_output()?;
-        Ok((
-            out.status.success(),
-            serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        ))
+        baton_tests::run_cli(&mut cmd, stdin)
     }
 
     fn ok(&self, args: &[&str], stdin: &str) -> anyhow::Result<Value> {

@@ -11,26 +11,9 @@ use serde_json::Value;
 
 /// Runs `bin` with `args` and `stdin`; its stdout as JSON, or the failure with stderr.
 fn run(bin: &Path, args: &[&str], stdin: &str) -> anyhow::Result<Value> {
-    use std::io::Write as _;
-    let mut child = Command::new(bin)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    child
-        .stdin
-        .take()
-        .context("stdin")?
-        .write_all(stdin.as_bytes())?;
-    let out = child.wait_with_output()?;
-    ensure!(
-        out.status.success(),
-        "baton {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(serde_json::from_slice(&out.stdout).unwrap_or(Value::Null))
+    let (ok, out, err) = baton_tests::run_cli(Command::new(bin).args(args), stdin)?;
+    ensure!(ok, "baton {}: {err}", args.join(" "));
+    Ok(out)
 }
 
 #[test]
