@@ -1170,12 +1170,18 @@ pub fn with_custom_section(mut bytes: Vec<u8>, name: &str, payload: &[u8]) -> Ve
     bytes
 }
 
+/// The SCRAM user of [`OwnBroker::start_secured`].
+pub const SCRAM_USER: &str = "baton";
+/// Its password.
+pub const SCRAM_PASSWORD: &str = "baton-secret-0f3c";
+
 /// A broker of a test's own, beside the shared one: its own port, data dir and settings (e.g. a
 /// short `offsets.retention.minutes`). Stopped and deleted when dropped.
 pub struct OwnBroker {
     run: tempfile::TempDir,
     port: u16,
     controller_port: u16,
+    sasl_ssl_port: Option<u16>,
 }
 
 impl OwnBroker {
@@ -1186,9 +1192,34 @@ impl OwnBroker {
             run: tempfile::tempdir()?,
             port,
             controller_port: port + 1,
+            sasl_ssl_port: None,
         };
         broker.script("start", extra)?;
         Ok(broker)
+    }
+
+    /// Like [`OwnBroker::start`], with a SASL_SSL listener on `port + 2` as `scripts/kafka`
+    /// makes it (`KAFKA_SASL_SSL_PORT`): TLS with a keytool certificate for 127.0.0.1 and
+    /// SCRAM-SHA-512 with the user [`SCRAM_USER`] and the password [`SCRAM_PASSWORD`].
+    pub fn start_secured(port: u16) -> Result<Self> {
+        let broker = OwnBroker {
+            run: tempfile::tempdir()?,
+            port,
+            controller_port: port + 1,
+            sasl_ssl_port: Some(port + 2),
+        };
+        broker.script("start", &[])?;
+        Ok(broker)
+    }
+
+    /// `127.0.0.1:PORT` of the SASL_SSL listener.
+    pub fn secured_bootstrap(&self) -> Option<String> {
+        self.sasl_ssl_port.map(|p| format!("127.0.0.1:{p}"))
+    }
+
+    /// The certificate clients trust for the SASL_SSL listener (PEM).
+    pub fn ca_pem(&self) -> PathBuf {
+        self.run.path().join("tls/ca.pem")
     }
 
     /// `127.0.0.1:PORT`.
@@ -1205,6 +1236,14 @@ impl OwnBroker {
             .env("KAFKA_PORT", self.port.to_string())
             .env("KAFKA_CONTROLLER_PORT", self.controller_port.to_string())
             .env("KAFKA_EXTRA_PROPS", extra.join("\n"))
+            .env(
+                "KAFKA_SASL_SSL_PORT",
+                self.sasl_ssl_port
+                    .map(|p| p.to_string())
+                    .unwrap_or_default(),
+            )
+            .env("KAFKA_SCRAM_USER", SCRAM_USER)
+            .env("KAFKA_SCRAM_PASSWORD", SCRAM_PASSWORD)
             .status()?;
         if !status.success() {
             bail!("scripts/kafka {arg} (port {}) failed: {status}", self.port);

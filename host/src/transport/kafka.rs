@@ -633,6 +633,108 @@ impl KafkaAdmin {
     }
 }
 
+/// How long [`KafkaTransport::connect`] waits for a broker to answer.
+const CONNECT_WITHIN: Duration = Duration::from_secs(30);
+
+/// Context of [`probe`]'s client: keeps the first error by which the cluster refused the
+/// connection for good (a login refused, a TLS handshake failed), which librdkafka would
+/// otherwise retry forever while every call times out.
+#[derive(Default)]
+struct ProbeContext {
+    refused: Mutex<Option<(RDKafkaErrorCode, String)>>,
+}
+
+impl ClientContext for ProbeContext {
+    fn error(&self, error: RdError, reason: &str) {
+        let code = error.rdkafka_error_code();
+        if let Some(
+            code @ (RDKafkaErrorCode::Authentication
+            | RDKafkaErrorCode::SaslAuthenticationFailed
+            | RDKafkaErrorCode::SSL),
+        ) = code
+        {
+            self.refused
+                .lock()
+                .get_or_insert_with(|| (code, reason.to_string()));
+        } else {
+            tracing::debug!(%error, reason, "Kafka connection error while connecting");
+        }
+    }
+}
+
+impl ProducerContext for ProbeContext {
+    type DeliveryOpaque = ();
+    fn delivery(&self, _: &DeliveryResult<'_>, _: Self::DeliveryOpaque) {}
+}
+
+/// Reaches the cluster with the user's settings before any other client is made: fails at once
+/// with what to fix when the cluster refuses the login or the TLS handshake, and after `within`
+/// when no broker answers.
+fn probe(config: &KafkaConfig, within: Duration) -> Result<(), TransportError> {
+    let client: BaseProducer<ProbeContext> = config
+        .client(&[])
+        .create_with_context(ProbeContext::default())
+        .map_err(|e| TransportError::Misconfigured(format!("Kafka client settings: {e}")))?;
+    let deadline = Instant::now() + within;
+    loop {
+        let answered = client
+            .client()
+            .fetch_metadata(None, Duration::from_millis(500));
+        // Dispatches librdkafka's error events to the context.
+        client.poll(Duration::ZERO);
+        if let Some((code, reason)) = client.context().refused.lock().take() {
+            return Err(TransportError::Misconfigured(refusal(
+                config, code, &reason,
+            )));
+        }
+        match answered {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(kerr(
+                    &format!(
+                        "no broker answered at {} within {within:?}",
+                        config.bootstrap
+                    ),
+                    e,
+                ));
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// What the cluster's refusal (`code`, librdkafka's `reason`) means for the user, with the
+/// settings that decide it (never a secret).
+fn refusal(config: &KafkaConfig, code: RDKafkaErrorCode, reason: &str) -> String {
+    let setting = |key: &str| {
+        config
+            .settings
+            .iter()
+            .rev()
+            .find(|(k, _)| k.eq_ignore_ascii_case(key))
+            .map(|(_, v)| v.as_str())
+    };
+    let protocol = setting("security.protocol").unwrap_or("plaintext");
+    if code == RDKafkaErrorCode::SSL {
+        format!(
+            "Kafka at {} refused the TLS handshake (security.protocol={protocol}): {reason}. \
+             Check ssl.ca.location (the CA that signed the brokers' certificates) and that \
+             the bootstrap address is a TLS listener",
+            config.bootstrap
+        )
+    } else {
+        let mechanism = setting("sasl.mechanisms")
+            .or(setting("sasl.mechanism"))
+            .unwrap_or("GSSAPI");
+        let user = setting("sasl.username").unwrap_or("(none)");
+        format!(
+            "Kafka at {} refused the login with SASL mechanism {mechanism} as user `{user}` \
+             (security.protocol={protocol}): {reason}. Check sasl.username and sasl.password",
+            config.bootstrap
+        )
+    }
+}
+
 /// Results of the deliveries of one append, filled in by the producer's delivery callback.
 struct Pending {
     results: Mutex<Vec<Option<Result<i64, String>>>>,
@@ -844,6 +946,7 @@ impl KafkaTransport {
     /// Connects to the cluster; fails when no broker answers within 30 s.
     pub fn connect(config: KafkaConfig) -> Result<Self, TransportError> {
         config.check_settings()?;
+        probe(&config, CONNECT_WITHIN)?;
         let admin = KafkaAdmin::new(&config.bootstrap, &config.settings)
             .map_err(|e| kerr("admin client", e))?;
         let producer: BaseProducer<AppendContext> = config
@@ -1901,6 +2004,50 @@ impl BatchProducer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_login_or_handshake_names_what_to_check_and_no_secret() {
+        let mut c = KafkaConfig::new("b1:9094");
+        c.settings = vec![
+            ("security.protocol".into(), "SASL_SSL".into()),
+            ("sasl.mechanisms".into(), "SCRAM-SHA-512".into()),
+            ("sasl.username".into(), "svc".into()),
+            ("sasl.password".into(), "hunter2".into()),
+        ];
+        let login = refusal(&c, RDKafkaErrorCode::Authentication, "invalid credentials");
+        for said in [
+            "b1:9094",
+            "refused the login",
+            "SCRAM-SHA-512",
+            "`svc`",
+            "SASL_SSL",
+            "invalid credentials",
+            "sasl.password",
+        ] {
+            assert!(login.contains(said), "{said:?} missing from {login}");
+        }
+        assert!(!login.contains("hunter2"));
+        let tls = refusal(&c, RDKafkaErrorCode::SSL, "certificate verify failed");
+        assert!(
+            tls.contains("TLS handshake") && tls.contains("ssl.ca.location"),
+            "{tls}"
+        );
+        assert!(!tls.contains("hunter2"));
+    }
+
+    #[test]
+    fn a_broker_that_does_not_answer_fails_the_probe_in_time() {
+        // A port nobody listens on: no refusal, only silence.
+        let c = KafkaConfig::new("127.0.0.1:1");
+        let started = Instant::now();
+        let err = probe(&c, Duration::from_secs(2)).unwrap_err().to_string();
+        assert!(err.contains("no broker answered at 127.0.0.1:1"), "{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+    }
 
     #[test]
     fn settings_baton_relies_on_are_refused_and_secrets_never_printed() {
