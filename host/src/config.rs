@@ -47,6 +47,9 @@ pub struct FileConfig {
     /// `kafka_config = { "compression.type" = "lz4" }`: librdkafka settings for every client.
     #[serde(default)]
     pub kafka_config: std::collections::BTreeMap<String, String>,
+    /// `otlp_endpoint = "http://127.0.0.1:4318"`: export traces there over OTLP/HTTP.
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
 }
 
 impl FileConfig {

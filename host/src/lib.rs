@@ -19,6 +19,7 @@ pub mod error;
 pub mod heap;
 pub mod http;
 pub mod local;
+pub mod otlp;
 pub mod partition;
 pub mod partitioner;
 pub mod query;

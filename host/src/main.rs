@@ -207,6 +207,10 @@ struct RunArgs {
     /// letters) [default: min(2, replication factor)].
     #[arg(long)]
     min_insync_replicas: Option<u16>,
+    /// Export traces (spans of batches, commits and each step of a move) over OTLP/HTTP to
+    /// this collector, e.g. http://127.0.0.1:4318 (spans go to URL/v1/traces).
+    #[arg(long, env = "BATON_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
 }
 
 /// The format of log lines (`--log-format`).
@@ -409,8 +413,16 @@ fn run(args: RunArgs, token: Option<String>) -> anyhow::Result<()> {
             "--replication-factor and --min-insync-replicas need --kafka"
         );
     }
+    let otlp = args.otlp_endpoint.or(file.otlp_endpoint);
+    if let Some(e) = &otlp {
+        baton::otlp::traces_url(e).map_err(anyhow::Error::msg)?;
+    }
+    let cluster = config.cluster.clone();
     let baton =
         Baton::open(config).with_context(|| format!("opening data dir {}", data_dir.display()))?;
+    if let Some(e) = &otlp {
+        baton::otlp::start(e, baton.host_id(), &cluster).map_err(anyhow::Error::msg)?;
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .worker_threads(2)
@@ -435,6 +447,8 @@ fn run(args: RunArgs, token: Option<String>) -> anyhow::Result<()> {
         anyhow::Ok(())
     })?;
     baton.shutdown();
+    // The last spans (the moves of the hand-off) reach the collector before the exit.
+    baton::otlp::flush(std::time::Duration::from_secs(5));
     Ok(())
 }
 

@@ -481,8 +481,12 @@ impl Moves {
     fn drive_move(&self, m: MoveRecord) {
         let started = Instant::now();
         let replica = Arc::new(Replica::new(&m.partition, Role::Warming));
-        let outcome = self.warm_and_take_over(&m, &replica);
+        let mut times = MoveTimes::default();
+        let outcome = self.warm_and_take_over(&m, &replica, &mut times);
         self.parts.peers.end_warming(&replica);
+        if crate::otlp::enabled() {
+            trace_move(&m, started, &times, &outcome);
+        }
         match outcome {
             Ok(pause) => {
                 if let Some((p, steps)) = &pause {
@@ -516,6 +520,7 @@ impl Moves {
         &self,
         m: &MoveRecord,
         replica: &Arc<Replica>,
+        times: &mut MoveTimes,
     ) -> std::result::Result<Option<(f64, Vec<MoveStep>)>, String> {
         let kafka = self.parts.log.as_kafka().cloned().ok_or("no Kafka")?;
         let (record, assignment) = {
@@ -590,6 +595,7 @@ impl Moves {
         }
 
         // Handoff: the owner stops at a batch boundary and commits.
+        times.handoff = Some(Instant::now());
         self.record_move(m, MovePhase::Handoff, None, None);
         // A host that just joined (this one, after a restart, or the owner) knows another's
         // address once it has read that host's next load report (one a second): wait for it.
@@ -630,6 +636,7 @@ impl Moves {
             .checked_sub(Duration::from_micros(drained.since_commit_us))
             .unwrap_or(answered);
         let mut marks: Vec<(&'static str, Instant)> = vec![("answered", answered)];
+        times.final_commit = Some(final_commit);
 
         // The release is in the control log (the owner answers once it is acknowledged), so
         // the take-over appended below lands after it. Whether it counts (it came while the
@@ -1151,6 +1158,64 @@ impl Moves {
             }
         }
         stale
+    }
+}
+
+/// When a move passed its phases, for its trace.
+#[derive(Default)]
+struct MoveTimes {
+    /// The target asked the owner to drain.
+    handoff: Option<Instant>,
+    /// The owner's final commit: the pause starts.
+    final_commit: Option<Instant>,
+}
+
+/// Exports move `m`'s trace ([`crate::otlp`]): a `move` span from its start here to its end,
+/// with a child for warming, one for the owner's drain, and one for each step of the pause.
+fn trace_move(
+    m: &MoveRecord,
+    started: Instant,
+    times: &MoveTimes,
+    outcome: &std::result::Result<Option<(f64, Vec<MoveStep>)>, String>,
+) {
+    use crate::otlp::Span;
+    let end = Instant::now();
+    let mut root = Span::root("move", started, end)
+        .attr("baton.move", m.id.as_str())
+        .attr("baton.partition", m.partition.as_str())
+        .attr("baton.pipeline", m.pipeline.as_str())
+        .attr("baton.from", m.from.as_str())
+        .attr("baton.to", m.to.as_str());
+    root = match outcome {
+        Ok(Some((pause, _))) => root
+            .attr("baton.outcome", "done")
+            .attr("baton.pause_ms", *pause),
+        Ok(None) => root.attr("baton.outcome", "done"),
+        Err(reason) => root
+            .attr("baton.outcome", "abandoned")
+            .error(reason.as_str()),
+    };
+    let mut children = vec![root.child("move.warming", started, times.handoff.unwrap_or(end))];
+    if let Some(handoff) = times.handoff {
+        children.push(root.child(
+            "move.drain",
+            handoff,
+            times.final_commit.unwrap_or(end).max(handoff),
+        ));
+    }
+    if let (Some(mut at), Ok(Some((_, steps)))) = (times.final_commit, outcome) {
+        for step in steps {
+            let next = at + Duration::from_secs_f64(step.ms.max(0.0) / 1e3);
+            children.push(
+                root.child(format!("move.{}", step.step), at, next)
+                    .attr("baton.ms", step.ms),
+            );
+            at = next;
+        }
+    }
+    root.export();
+    for c in children {
+        c.export();
     }
 }
 

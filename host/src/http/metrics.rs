@@ -257,6 +257,25 @@ fn text(baton: &crate::Baton) -> String {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
     }
+    if crate::otlp::enabled() {
+        for (name, help, v) in [
+            (
+                "baton_otlp_spans_exported_total",
+                "Spans the OTLP collector (--otlp-endpoint) took.",
+                crate::otlp::exported(),
+            ),
+            (
+                "baton_otlp_spans_dropped_total",
+                "Spans dropped: the exporter's queue was full or the collector refused them.",
+                crate::otlp::dropped(),
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
+        }
+    }
     let env = baton.state_env();
     let mem = env.report();
     let stats = mem.block_cache;

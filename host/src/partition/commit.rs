@@ -163,6 +163,15 @@ impl PartitionTask {
         flight: InFlight,
         committed: &mut Vec<Vec<u64>>,
     ) {
+        if crate::otlp::enabled() {
+            crate::otlp::Span::root("commit", flight.started, Instant::now())
+                .attr("baton.partition", self.id.as_str())
+                .attr("baton.pipeline", self.pipeline.spec.name.as_str())
+                .attr("baton.records", flight.pending.records)
+                .attr("baton.batches", flight.pending.batches)
+                .attr("baton.outputs", flight.outputs)
+                .export();
+        }
         if let Some(first) = flight.pending.first_fetched {
             self.status.batch_latency.observe(first.elapsed());
         }

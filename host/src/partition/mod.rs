@@ -574,6 +574,13 @@ impl PartitionTask {
                 }
             }
             add_elapsed(&time.process_us, started);
+            if crate::otlp::enabled() {
+                crate::otlp::Span::root("batch", started, Instant::now())
+                    .attr("baton.partition", self.id.as_str())
+                    .attr("baton.pipeline", spec.name.as_str())
+                    .attr("baton.records", count)
+                    .export();
+            }
             pending.add(count, started, unreplayable, &groups);
             next = new_next;
             // One record per commit while isolating the record Kafka refuses.
