@@ -863,12 +863,22 @@ pub fn kafka_bootstrap() -> String {
     std::env::var("BATON_KAFKA").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
 
-/// Kafka tests run one at a time: one of them restarts the broker.
-pub async fn kafka_lock() -> tokio::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::OnceLock<tokio::sync::Mutex<()>> = std::sync::OnceLock::new();
-    LOCK.get_or_init(|| tokio::sync::Mutex::new(()))
-        .lock()
-        .await
+fn kafka_rw() -> &'static tokio::sync::RwLock<()> {
+    static LOCK: std::sync::OnceLock<tokio::sync::RwLock<()>> = std::sync::OnceLock::new();
+    LOCK.get_or_init(|| tokio::sync::RwLock::new(()))
+}
+
+/// The shared broker to this test alone: for the test that restarts the broker, and for those
+/// with several hosts, kills or a rate to measure, which must not share two cores with another
+/// such test.
+pub async fn kafka_lock() -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    kafka_rw().write().await
+}
+
+/// The shared broker with other light tests (one host, no kill, no rate measured): never while
+/// a [`kafka_lock`] test runs (the broker may restart), but beside each other.
+pub async fn kafka_shared() -> tokio::sync::RwLockReadGuard<'static, ()> {
+    kafka_rw().read().await
 }
 
 /// A name no earlier run used on the same broker.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use baton_tests::{InProcess, count, kafka_bootstrap, kafka_lock, unique, wait_for, words};
+use baton_tests::{InProcess, count, kafka_bootstrap, kafka_shared, unique, wait_for, words};
 use serde_json::json;
 
 async fn poison_run(mode: &str, kafka: bool) -> anyhow::Result<()> {
@@ -105,13 +105,13 @@ async fn an_erroring_record_goes_to_the_dlq_and_the_rest_is_processed() -> anyho
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_kafka_an_erroring_record_goes_to_the_dlq_topic() -> anyhow::Result<()> {
-    let _k = kafka_lock().await;
+    let _k = kafka_shared().await;
     poison_run("error", true).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_kafka_a_trapping_record_goes_to_the_dlq_topic() -> anyhow::Result<()> {
-    let _k = kafka_lock().await;
+    let _k = kafka_shared().await;
     poison_run("trap", true).await
 }
 
@@ -253,6 +253,6 @@ async fn dead_letters_are_replayed_exactly_once() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_kafka_dead_letters_are_replayed_exactly_once() -> anyhow::Result<()> {
-    let _k = kafka_lock().await;
+    let _k = kafka_shared().await;
     replay_run(true).await
 }

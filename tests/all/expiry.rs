@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use baton_tests::{
-    InProcess, cluster_name, kafka_bootstrap, kafka_lock, read_committed, unique, wait_for,
+    InProcess, cluster_name, kafka_bootstrap, kafka_shared, read_committed, unique, wait_for,
 };
 use serde_json::{Value, json};
 
@@ -15,7 +15,7 @@ const TTL: i64 = 1_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_entries_vanish_and_their_tombstones_reach_the_changelog() -> anyhow::Result<()> {
-    let _k = kafka_lock().await;
+    let _k = kafka_shared().await;
     let dir = tempfile::tempdir()?;
     let host = InProcess::start_with(dir.path(), Some(&kafka_bootstrap())).await?;
     let api = &host.api;
@@ -112,7 +112,7 @@ async fn expired_entries_vanish_and_their_tombstones_reach_the_changelog() -> an
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processing_time_entries_expire_on_the_wall_clock_while_idle() -> anyhow::Result<()> {
     const TTL: u64 = 2_000;
-    let _k = kafka_lock().await;
+    let _k = kafka_shared().await;
     let dir = tempfile::tempdir()?;
     let host = InProcess::start_with(dir.path(), Some(&kafka_bootstrap())).await?;
     let api = &host.api;

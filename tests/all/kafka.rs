@@ -1,6 +1,6 @@
 //! baton on a real Apache Kafka broker (started by `scripts/kafka`): exact counts, `kill -9`,
-//! loss of the data dir, a broker restart, and at-least-once. Kafka tests hold `kafka_lock`, as
-//! one of them restarts the broker.
+//! loss of the data dir, a broker restart, and at-least-once. Kafka tests hold `kafka_lock`
+//! (alone: one of them restarts the broker) or, the light ones, `kafka_shared`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,14 +11,14 @@ use baton::transport::TransportError;
 use baton::transport::kafka::{KafkaAdmin, KafkaError};
 use baton_tests::{
     Api, ChildHost, InProcess, TestProducer, assert_counts, count, kafka_bootstrap, kafka_lock,
-    kafka_script, read_committed, unique, wait_for, words,
+    kafka_script, kafka_shared, read_committed, unique, wait_for, words,
 };
 use serde_json::json;
 use tokio::sync::Mutex;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_client_creates_and_lists_a_topic() -> anyhow::Result<()> {
-    let _k = kafka_lock().await;
+    let _k = kafka_shared().await;
     let admin = KafkaAdmin::new(&kafka_bootstrap(), &[])?;
     let name = unique("baton-test");
     assert!(
@@ -56,7 +56,7 @@ async fn admin_client_creates_and_lists_a_topic() -> anyhow::Result<()> {
 async fn topics_are_read_and_written_the_moment_they_are_created() -> anyhow::Result<()> {
     use baton::transport::kafka::{KafkaConfig, KafkaTransport};
     use baton::transport::{Record, TopicKind, Transport};
-    let _k = kafka_lock().await;
+    let _k = kafka_shared().await;
     tokio::task::spawn_blocking(|| -> anyhow::Result<()> {
         let t = KafkaTransport::connect(KafkaConfig::new(kafka_bootstrap()))?;
         let mut made = Vec::new();
@@ -191,7 +191,7 @@ async fn word_count_on_kafka_configured(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn word_count_is_exact_over_200k_records_in_16_slots() -> anyhow::Result<()> {
-    let _k = kafka_lock().await;
+    let _k = kafka_shared().await;
     let dir = tempfile::tempdir()?;
     let (host, name, input) = word_count_on_kafka(dir.path(), 16, 4).await?;
     let keys = words(200_000, 5_000, 9);
@@ -223,7 +223,7 @@ async fn word_count_is_exact_over_200k_records_in_16_slots() -> anyhow::Result<(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lookups_find_keys_whatever_partitioner_produced_them() -> anyhow::Result<()> {
     use baton::transport::partitioner::{crc32_partition_for_key, partition_for_key};
-    let _k = kafka_lock().await;
+    let _k = kafka_shared().await;
     let dir = tempfile::tempdir()?;
     let (host, name, input) = word_count_on_kafka(dir.path(), 8, 2).await?;
     let api = &host.api;
@@ -624,7 +624,7 @@ async fn a_broker_restart_is_survived_with_exact_counts() -> anyhow::Result<()> 
 /// reason naming the slot, a new one makes new clients, and the counts stay exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_input_consumer_that_stops_delivering_is_made_again() -> anyhow::Result<()> {
-    let _k = kafka_lock().await;
+    let _k = kafka_shared().await;
     let dir = tempfile::tempdir()?;
     let (host, name, input) = word_count_on_kafka_configured(dir.path(), 2, 1, |c| {
         if let Some(k) = c.kafka.as_mut() {
@@ -673,7 +673,7 @@ async fn an_input_consumer_that_stops_delivering_is_made_again() -> anyhow::Resu
 /// stuck commit does later reaches RocksDB, and the counts stay exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_that_never_returns_is_given_up() -> anyhow::Result<()> {
-    let _k = kafka_lock().await;
+    let _k = kafka_shared().await;
     let dir = tempfile::tempdir()?;
     let (host, name, input) = word_count_on_kafka_configured(dir.path(), 2, 1, |c| {
         if let Some(k) = c.kafka.as_mut() {
@@ -717,7 +717,7 @@ async fn a_commit_that_never_returns_is_given_up() -> anyhow::Result<()> {
 /// the same name) is refused instead of starting from someone else's state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_pipeline_refuses_a_changelog_with_records() -> anyhow::Result<()> {
-    let _k = kafka_lock().await;
+    let _k = kafka_shared().await;
     let dir = tempfile::tempdir()?;
     let host = InProcess::start_with(dir.path(), Some(&kafka_bootstrap())).await?;
     let (name, input) = (unique("wc"), unique("words"));
@@ -757,7 +757,7 @@ async fn a_new_pipeline_refuses_a_changelog_with_records() -> anyhow::Result<()>
 /// clear error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn internal_topics_are_replicated_as_configured() -> anyhow::Result<()> {
-    let _k = kafka_lock().await;
+    let _k = kafka_shared().await;
     let dir = tempfile::tempdir()?;
     let (host, name, input) = word_count_on_kafka(dir.path(), 2, 1).await?;
     let admin = KafkaAdmin::new(&kafka_bootstrap(), &[])?;
@@ -815,7 +815,7 @@ async fn internal_topics_are_replicated_as_configured() -> anyhow::Result<()> {
 /// the reason instead of running on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changelog_that_is_not_compacted_is_refused() -> anyhow::Result<()> {
-    let _k = kafka_lock().await;
+    let _k = kafka_shared().await;
     let dir = tempfile::tempdir()?;
     let host = InProcess::start_with(dir.path(), Some(&kafka_bootstrap())).await?;
     let api = &host.api;
@@ -874,7 +874,7 @@ async fn a_changelog_that_is_not_compacted_is_refused() -> anyhow::Result<()> {
 /// wiped and restored from the changelog, as Kafka Streams does; stale counts never come back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_ahead_of_a_recreated_changelog_is_wiped_and_restored() -> anyhow::Result<()> {
-    let _k = kafka_lock().await;
+    let _k = kafka_shared().await;
     let dir = tempfile::tempdir()?;
     let (host, name, input) = word_count_on_kafka(dir.path(), 2, 1).await?;
     let producer = TestProducer::new()?;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use baton::transport::kafka::KafkaAdmin;
-use baton_tests::{InProcess, count, kafka_bootstrap, kafka_lock, unique, words};
+use baton_tests::{InProcess, count, kafka_bootstrap, kafka_shared, unique, words};
 use serde_json::json;
 
 async fn delete(api: &baton_tests::Api, path: &str) -> anyhow::Result<baton_tests::Reply> {
@@ -123,7 +123,7 @@ async fn a_pipeline_created_again_after_a_purge_loses_no_output() -> anyhow::Res
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_kafka_a_purge_deletes_changelogs_dead_letters_and_offsets() -> anyhow::Result<()> {
-    let _k = kafka_lock().await;
+    let _k = kafka_shared().await;
     let dir = tempfile::tempdir()?;
     let host = InProcess::start_with(dir.path(), Some(&kafka_bootstrap())).await?;
     let api = &host.api;
@@ -171,7 +171,7 @@ async fn on_kafka_a_purge_deletes_changelogs_dead_letters_and_offsets() -> anyho
 /// that reason, instead of the pipeline silently never reading the new partitions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_input_topic_that_gains_partitions_fails_the_pipeline() -> anyhow::Result<()> {
-    let _k = kafka_lock().await;
+    let _k = kafka_shared().await;
     let dir = tempfile::tempdir()?;
     let host = InProcess::start_with(dir.path(), Some(&kafka_bootstrap())).await?;
     let api = &host.api;

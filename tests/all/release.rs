@@ -19,9 +19,12 @@ fn run(bin: &Path, args: &[&str], stdin: &str) -> anyhow::Result<Value> {
 #[test]
 fn the_release_tarball_runs_word_count_from_its_own_files() -> anyhow::Result<()> {
     let work = tempfile::tempdir()?;
+    // The binary of this build: `cargo build -p baton` alone would resolve features apart
+    // from the workspace build and compile RocksDB again.
     let out = Command::new(baton_tests::repo_root().join("scripts/release"))
         .args(["--out"])
         .arg(work.path().join("dist"))
+        .env("BATON_BIN", baton_tests::baton_bin())
         .output()?;
     ensure!(
         out.status.success(),

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use baton::transport::kafka::KafkaAdmin;
-use baton_tests::{InProcess, kafka_bootstrap, kafka_lock, unique};
+use baton_tests::{InProcess, kafka_bootstrap, kafka_shared, unique};
 use serde_json::json;
 
 /// Sends records with a producer that takes records of several MB.
@@ -32,7 +32,7 @@ async fn send_large(topic: &str, records: &[(Vec<u8>, Vec<u8>)]) -> anyhow::Resu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_over_a_limit_are_dead_lettered_and_the_partition_goes_on() -> anyhow::Result<()> {
-    let _k = kafka_lock().await;
+    let _k = kafka_shared().await;
     let dir = tempfile::tempdir()?;
     let host = InProcess::start_with(dir.path(), Some(&kafka_bootstrap())).await?;
     let api = &host.api;
@@ -201,7 +201,7 @@ async fn records_over_a_limit_are_dead_lettered_and_the_partition_goes_on() -> a
 async fn a_record_kafka_refuses_for_good_is_dead_lettered_not_retried_forever() -> anyhow::Result<()>
 {
     use rdkafka::producer::{FutureProducer, FutureRecord};
-    let _k = kafka_lock().await;
+    let _k = kafka_shared().await;
     let dir = tempfile::tempdir()?;
     let host = InProcess::start_with(dir.path(), Some(&kafka_bootstrap())).await?;
     let api = &host.api;
