@@ -113,6 +113,17 @@ pub enum PartitionsAction {
         #[arg(long)]
         to: String,
     },
+    /// Takes an incremental checkpoint of a partition now, on its owner, into the host's
+    /// checkpoint store (`baton run --checkpoints`); what is pending commits first.
+    Checkpoint {
+        /// The partition's id (see `baton partitions`).
+        id: String,
+    },
+    /// Lists a partition's retained checkpoints, oldest first, with their offsets and files.
+    Checkpoints {
+        /// The partition's id (see `baton partitions`).
+        id: String,
+    },
 }
 
 /// The client subcommands.
@@ -124,8 +135,9 @@ pub enum Call {
     /// Creates, lists and hot-swaps pipelines.
     #[command(subcommand)]
     Pipelines(Pipelines),
-    /// Shows the partition table (`baton partitions`), or moves a partition live
-    /// (`baton partitions move ID --to HOST`).
+    /// Shows the partition table (`baton partitions`), moves a partition live
+    /// (`baton partitions move ID --to HOST`), or checkpoints one
+    /// (`baton partitions checkpoint ID`).
     Partitions {
         /// What to do; without one, the table is shown.
         #[command(subcommand)]
@@ -315,6 +327,24 @@ async fn call_api(c: &Client, call: Call) -> anyhow::Result<Value> {
                 )
                 .json(&json!({ "to": to })),
             )
+            .await
+        }
+        Call::Partitions {
+            action: Some(PartitionsAction::Checkpoint { id }),
+        } => {
+            c.send(c.request(
+                Method::POST,
+                &format!("/api/v1/partitions/{}/checkpoint", encode_path(&id)),
+            ))
+            .await
+        }
+        Call::Partitions {
+            action: Some(PartitionsAction::Checkpoints { id }),
+        } => {
+            c.send(c.request(
+                Method::GET,
+                &format!("/api/v1/partitions/{}/checkpoints", encode_path(&id)),
+            ))
             .await
         }
         Call::Hosts => c.send(c.request(Method::GET, "/api/v1/hosts")).await,

@@ -50,6 +50,13 @@ pub struct FileConfig {
     /// `otlp_endpoint = "http://127.0.0.1:4318"`: export traces there over OTLP/HTTP.
     #[serde(default)]
     pub otlp_endpoint: Option<String>,
+    /// `checkpoints = "s3://bucket/baton"`: where partitions are checkpointed (default: the
+    /// data dir's `checkpoints`).
+    #[serde(default)]
+    pub checkpoints: Option<String>,
+    /// `checkpoint_retain = 3`: checkpoints kept per partition.
+    #[serde(default)]
+    pub checkpoint_retain: Option<usize>,
 }
 
 impl FileConfig {

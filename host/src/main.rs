@@ -211,6 +211,16 @@ struct RunArgs {
     /// this collector, e.g. http://127.0.0.1:4318 (spans go to URL/v1/traces).
     #[arg(long, env = "BATON_OTLP_ENDPOINT")]
     otlp_endpoint: Option<String>,
+    /// Where partitions are checkpointed: a directory, or s3://BUCKET/PREFIX (configured by
+    /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT, AWS_ALLOW_HTTP)
+    /// [default: DATA_DIR/checkpoints]. With a store all hosts share, a host that takes a
+    /// partition over restores it from its newest checkpoint, then the changelog's tail.
+    #[arg(long, env = "BATON_CHECKPOINTS")]
+    checkpoints: Option<String>,
+    /// Checkpoints kept per partition; older ones and the files only they hold are deleted
+    /// [default: 3].
+    #[arg(long)]
+    checkpoint_retain: Option<usize>,
 }
 
 /// The format of log lines (`--log-format`).
@@ -412,6 +422,14 @@ fn run(args: RunArgs, token: Option<String>) -> anyhow::Result<()> {
             args.replication_factor.is_none() && args.min_insync_replicas.is_none(),
             "--replication-factor and --min-insync-replicas need --kafka"
         );
+    }
+    if let Some(c) = args.checkpoints.or(file.checkpoints) {
+        anyhow::ensure!(!c.trim().is_empty(), "--checkpoints must not be empty");
+        config.checkpoints = Some(c);
+    }
+    if let Some(n) = args.checkpoint_retain.or(file.checkpoint_retain) {
+        anyhow::ensure!(n > 0, "--checkpoint-retain must be at least 1");
+        config.checkpoint_retain = n;
     }
     let otlp = args.otlp_endpoint.or(file.otlp_endpoint);
     if let Some(e) = &otlp {

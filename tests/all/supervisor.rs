@@ -1,5 +1,5 @@
 //! The supervisor's side of a partition: the commands it sends a partition loop (drain,
-//! checkpoint, fence) and the assignments it runs, on the embedded log. Whatever a command
+//! flush, fence) and the assignments it runs, on the embedded log. Whatever a command
 //! interrupts, a stopped partition's state holds exactly the records below its committed input
 //! offsets, and once its partitions run again the counts are exact.
 
@@ -101,7 +101,7 @@ async fn assert_exact(api: &Api, sent: &[String]) -> anyhow::Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn drain_and_checkpoint_answer_with_what_is_committed() -> anyhow::Result<()> {
+async fn drain_and_flush_answer_with_what_is_committed() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let host = start(dir.path()).await?;
     let api = &host.api;
@@ -112,15 +112,11 @@ async fn drain_and_checkpoint_answer_with_what_is_committed() -> anyhow::Result<
     })
     .await?;
 
-    // A checkpoint answers with offsets committed, and the partition goes on.
-    let first = p0
-        .checkpoint(Duration::from_secs(30))
-        .expect("a checkpoint answer");
+    // A flush answers with offsets committed, and the partition goes on.
+    let first = p0.flush(Duration::from_secs(30)).expect("a flush answer");
     let first: u64 = first.iter().map(|s| s.offset).sum();
-    assert!(first > 0, "the checkpoint committed what was processed");
-    let second = p0
-        .checkpoint(Duration::from_secs(30))
-        .expect("a checkpoint answer");
+    assert!(first > 0, "the flush committed what was processed");
+    let second = p0.flush(Duration::from_secs(30)).expect("a flush answer");
     let second: u64 = second.iter().map(|s| s.offset).sum();
     assert!(second >= first, "offsets only grow: {first} then {second}");
 

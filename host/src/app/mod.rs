@@ -66,9 +66,27 @@ pub struct HostConfig {
     /// A catalog snapshot is written once this many control-log records were applied after the
     /// last one, so that a host's replay at start reads at most about this many.
     pub control_snapshot_every: u64,
+    /// Where partitions are checkpointed (`--checkpoints`): a directory, or `s3://BUCKET/PREFIX`;
+    /// `None` is `<data dir>/checkpoints`.
+    pub checkpoints: Option<String>,
+    /// Checkpoints kept per partition (`--checkpoint-retain`).
+    pub checkpoint_retain: usize,
 }
 
+/// Checkpoints kept per partition unless `--checkpoint-retain` says otherwise.
+pub const DEFAULT_CHECKPOINT_RETAIN: usize = 3;
+
 impl HostConfig {
+    /// The checkpoint store's URL: `--checkpoints`, or a directory under the data dir.
+    pub fn checkpoints_url(&self) -> String {
+        self.checkpoints.clone().unwrap_or_else(|| {
+            self.data_dir
+                .join("checkpoints")
+                .to_string_lossy()
+                .into_owned()
+        })
+    }
+
     /// Defaults for `data_dir`.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         HostConfig {
@@ -86,6 +104,8 @@ impl HostConfig {
             native_modules: Vec::new(),
             token: None,
             control_snapshot_every: 1000,
+            checkpoints: None,
+            checkpoint_retain: DEFAULT_CHECKPOINT_RETAIN,
         }
     }
 }
@@ -136,6 +156,8 @@ pub struct Baton {
     pub(crate) background_stop: Arc<std::sync::atomic::AtomicBool>,
     /// The follower's and the controller's threads.
     pub(crate) background: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// The checkpoints of this host's partitions.
+    pub(crate) checkpoints: Arc<crate::partition::checkpoints::Checkpoints>,
 }
 
 impl Baton {
@@ -160,6 +182,14 @@ impl Baton {
         };
         let transport = log.transport().clone();
         let state = Arc::new(StateEnv::new(config.state_memory));
+        let checkpoint_store = Arc::new(
+            crate::state::checkpoint::CheckpointStore::open(
+                &config.checkpoints_url(),
+                config.checkpoint_retain,
+            )
+            .map_err(anyhow::Error::msg)?,
+        );
+        state.set_checkpoints(checkpoint_store.clone());
         let runtime = Runtime::new(config.data_dir.join("compiled"))?;
         crate::control::names::check_cluster(&config.cluster).map_err(anyhow::Error::msg)?;
         let control_topic = format!("{}.control", config.cluster);
@@ -199,6 +229,12 @@ impl Baton {
             config.native_modules.clone(),
         )?);
         let peers = Arc::new(crate::partition::peers::Peers::default());
+        let checkpoints = crate::partition::checkpoints::Checkpoints::new(
+            checkpoint_store,
+            peers.clone(),
+            catalog_handle.clone(),
+            host_id.clone(),
+        );
         let background_stop = Arc::new(AtomicBool::new(false));
         let cluster = crate::cluster::Hosts::new(host_id.clone());
         let baton = Arc::new_cyclic(|me: &std::sync::Weak<Baton>| {
@@ -348,6 +384,7 @@ impl Baton {
                 replay,
                 background_stop,
                 background: Mutex::new(Vec::new()),
+                checkpoints,
             }
         });
         {
@@ -373,6 +410,8 @@ impl Baton {
         for p in pipelines {
             baton.supervisor.start_or_record(Arc::new(p));
         }
+        let scheduler = baton.checkpoints.start()?;
+        baton.background.lock().push(scheduler);
         if baton.log.is_kafka() {
             // Other hosts' changes, and the controller's assignments, from here on.
             let stop = baton.background_stop.clone();
@@ -751,6 +790,66 @@ impl Baton {
         self.moves.request_move(partition, to)
     }
 
+    /// Takes a checkpoint of partition `id`, which runs on this host, now
+    /// ([`crate::partition::checkpoints::Checkpoints::take_now`]).
+    pub fn checkpoint_partition(
+        &self,
+        id: &str,
+    ) -> Result<crate::state::checkpoint::CheckpointInfo> {
+        self.checkpoints.take_now(id)
+    }
+
+    /// The host that owns partition `id` by the assignments, with its API's base URL; `None`
+    /// when this host does, or no assignment names it.
+    pub fn remote_owner(&self, id: &str) -> Option<(String, String)> {
+        let owner = self.catalog.lock().assignments.get(id)?.owner.clone();
+        if owner == self.host_id {
+            return None;
+        }
+        let url = self
+            .cluster
+            .all()
+            .into_iter()
+            .find(|h| h.id == owner)
+            .map(|h| h.address)
+            .unwrap_or_default();
+        Some((owner, url))
+    }
+
+    /// The checkpoint store's retained checkpoints of partition `id`, oldest first.
+    pub fn partition_checkpoints(
+        &self,
+        id: &str,
+    ) -> Result<Vec<crate::state::checkpoint::Manifest>> {
+        let (pipeline, slots) = {
+            let catalog = self.catalog.lock();
+            match catalog.assignments.get(id) {
+                Some(a) => (catalog.pipelines.get(&a.pipeline).cloned(), a.slots),
+                None => {
+                    let h = self.peers.handles().into_iter().find(|h| h.id == id);
+                    match h {
+                        Some(h) => (
+                            catalog.pipelines.get(&h.pipeline).cloned(),
+                            [h.slots.start, h.slots.end],
+                        ),
+                        None => (None, [0, 0]),
+                    }
+                }
+            }
+        };
+        let record = pipeline.ok_or_else(|| Error::NotFound(format!("no partition `{id}`")))?;
+        let p = crate::state::checkpoint::PartitionRef::new(
+            &record.spec.name,
+            record.created_at,
+            id,
+            slots,
+        );
+        self.checkpoints
+            .store()
+            .manifests(&p)
+            .map_err(|e| Error::Unavailable(e.to_string()))
+    }
+
     /// The owner's side of a handoff ([`crate::cluster::moves::Moves::drain_for_move`]).
     pub fn drain_for_move(
         &self,
@@ -813,6 +912,7 @@ impl Baton {
             self.standbys.stop(&p);
         }
         self.background_stop.store(true, Ordering::Relaxed);
+        self.checkpoints.stop();
         let threads: Vec<_> = self.background.lock().drain(..).collect();
         for t in threads {
             // The last handle of the host may be dropped on one of these threads (a follower

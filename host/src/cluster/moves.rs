@@ -548,10 +548,19 @@ impl Moves {
             .parts
             .supervisor
             .partition_path(&m.pipeline, &m.partition);
-        let db = self
+        let (db, _) = self
             .parts
             .state
-            .open_shared(&path, &record.spec.state_stores())
+            .open_partition_db(
+                &path,
+                &record.spec.state_stores(),
+                &crate::state::checkpoint::PartitionRef::new(
+                    &record.spec.name,
+                    record.created_at,
+                    &m.partition,
+                    assignment.slots,
+                ),
+            )
             .map_err(|e| format!("opening the partition's state here: {e}"))?;
         let mut prepared = replica.write(|| {
             // Opening the reader may wipe a slot whose state is ahead of its changelog.

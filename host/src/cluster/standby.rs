@@ -152,7 +152,16 @@ fn run_standby(
                 .cloned()
                 .ok_or_else(|| anyhow::anyhow!("pipeline `{pipeline}` is gone"))?;
             let path = b.state_dir.join(pipeline).join(partition);
-            let db = b.state.open_shared(&path, &record.spec.state_stores())?;
+            let (db, _) = b.state.open_partition_db(
+                &path,
+                &record.spec.state_stores(),
+                &crate::state::checkpoint::PartitionRef::new(
+                    &record.spec.name,
+                    record.created_at,
+                    partition,
+                    slots,
+                ),
+            )?;
             let mut tail = Tail::open(&kafka, &record, slots[0]..slots[1], &db)?;
             replica.behind.store(tail.behind(), Ordering::Relaxed);
             let mut refreshed = Instant::now() - Duration::from_secs(1);

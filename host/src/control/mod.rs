@@ -269,6 +269,9 @@ pub struct PipelineUpdate {
     /// New commit interval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commit_interval_ms: Option<u64>,
+    /// New checkpoint interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_interval_s: Option<u64>,
     /// When (ms since the epoch).
     pub at: i64,
     /// Set when a partition refused the settings before and this puts the previous ones back.
@@ -293,6 +296,9 @@ impl PipelineUpdate {
         }
         if let Some(c) = self.commit_interval_ms {
             spec.commit_interval_ms = Some(c);
+        }
+        if let Some(c) = self.checkpoint_interval_s {
+            spec.checkpoint_interval_s = Some(c);
         }
     }
 }

@@ -104,6 +104,12 @@ pub struct PipelineSpec {
     /// ([`Guarantee::default_commit_interval_ms`]), which a new pipeline records in its spec.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commit_interval_ms: Option<u64>,
+    /// `checkpoint_interval_s = 300`: how often each partition's owner takes an incremental
+    /// checkpoint of its state into the host's checkpoint store (`--checkpoints`); 0 takes
+    /// none but those asked for. Unset: [`DEFAULT_CHECKPOINT_INTERVAL_S`], which a new
+    /// pipeline records in its spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_interval_s: Option<u64>,
 }
 
 pub use crate::runtime::time::TIME_STORE;
@@ -114,6 +120,12 @@ impl PipelineSpec {
     pub fn commit_interval_ms(&self) -> u64 {
         self.commit_interval_ms
             .unwrap_or_else(|| self.guarantee.default_commit_interval_ms())
+    }
+
+    /// How often each partition is checkpointed (seconds; 0: only on demand).
+    pub fn checkpoint_interval_s(&self) -> u64 {
+        self.checkpoint_interval_s
+            .unwrap_or(DEFAULT_CHECKPOINT_INTERVAL_S)
     }
 
     /// Every store a partition keeps: the declared ones, then [`TIME_STORE`].
@@ -173,6 +185,13 @@ pub const DEFAULT_COMMIT_INTERVAL_MS: u64 = 10;
 /// at-least-once default is 30 s).
 pub const DEFAULT_AT_LEAST_ONCE_COMMIT_INTERVAL_MS: u64 = 100;
 
+/// The default of `checkpoint_interval_s`: five minutes.
+pub const DEFAULT_CHECKPOINT_INTERVAL_S: u64 = 300;
+
+/// The longest `checkpoint_interval_s` (a day): a checkpoint older than the changelog's
+/// tombstones is not restored.
+pub const MAX_CHECKPOINT_INTERVAL_S: u64 = 86_400;
+
 /// The longest `commit_interval_ms` (a minute).
 pub const MAX_COMMIT_INTERVAL_MS: u64 = 60_000;
 
@@ -230,6 +249,13 @@ impl PipelineSpec {
             return Err(format!(
                 "commit_interval_ms = {} is out of range: use 0 to {MAX_COMMIT_INTERVAL_MS}",
                 self.commit_interval_ms()
+            ));
+        }
+        if self.checkpoint_interval_s() > MAX_CHECKPOINT_INTERVAL_S {
+            return Err(format!(
+                "checkpoint_interval_s = {} is out of range: use 0 (only on demand) to \
+                 {MAX_CHECKPOINT_INTERVAL_S}",
+                self.checkpoint_interval_s()
             ));
         }
         if self.limits.cpu_ms < 10 || self.limits.cpu_ms > 600_000 {

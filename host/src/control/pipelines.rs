@@ -72,6 +72,8 @@ pub struct PipelinePatch {
     pub wasi: Option<WasiGrants>,
     /// New commit interval, in milliseconds.
     pub commit_interval_ms: Option<u64>,
+    /// New checkpoint interval, in seconds (0: only on demand).
+    pub checkpoint_interval_s: Option<u64>,
 }
 
 /// Where a new pipeline's partitions go: its first assignments (the host wires it in).
@@ -132,6 +134,7 @@ impl Pipelines {
         // The interval in effect is recorded: a later change of the guarantee's default does
         // not change a running pipeline.
         spec.commit_interval_ms = Some(spec.commit_interval_ms());
+        spec.checkpoint_interval_s = Some(spec.checkpoint_interval_s());
         // The name is reserved while its topics are checked and created, without holding the
         // control lock across those broker round trips.
         let _reservation = self.reserve_name(&spec.name)?;
@@ -411,6 +414,9 @@ impl Pipelines {
                     std::fs::remove_dir_all(&dir)
                         .map_err(|e| Error::Internal(format!("deleting {}: {e}", dir.display())))?;
                 }
+                self.supervisor
+                    .purge_checkpoints(name, record.created_at)
+                    .map_err(Error::Unavailable)?;
                 Ok(())
             })();
             if let Err(e) = purged {
@@ -541,9 +547,11 @@ impl Pipelines {
             && patch.swap.is_none()
             && patch.wasi.is_none()
             && patch.commit_interval_ms.is_none()
+            && patch.checkpoint_interval_s.is_none()
         {
             return Err(Error::BadRequest(
-                "nothing to change: send any of limits, config, swap, wasi, commit_interval_ms"
+                "nothing to change: send any of limits, config, swap, wasi, commit_interval_ms, \
+                 checkpoint_interval_s"
                     .into(),
             ));
         }
@@ -559,6 +567,7 @@ impl Pipelines {
             swap: patch.swap,
             wasi: patch.wasi,
             commit_interval_ms: patch.commit_interval_ms,
+            checkpoint_interval_s: patch.checkpoint_interval_s,
             at: now_ms(),
             rollback_reason: None,
         };

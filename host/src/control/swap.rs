@@ -284,6 +284,7 @@ impl Swaps {
                     swap: Some(back.settings.swap.clone()),
                     wasi: Some(back.settings.wasi.clone()),
                     commit_interval_ms: Some(back.settings.commit_interval_ms),
+                    checkpoint_interval_s: None,
                     at: now_ms(),
                     rollback_reason: Some(reason.to_string()),
                 })

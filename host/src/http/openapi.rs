@@ -376,6 +376,36 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
             errors: &[400, 401, 409, 503],
         },
         Op {
+            method: "post",
+            path: "/api/v1/partitions/{id}/checkpoint",
+            summary: "Takes an incremental checkpoint of a partition now, on its owner (another host's partition is asked of it): what is pending commits, then a RocksDB checkpoint (hard links) holding the state and the offsets of one commit, whose files the checkpoint store does not have yet are uploaded, then its manifest; older checkpoints beyond --checkpoint-retain are deleted with the files only they named. 404 when no host runs it; 409 while it restores.",
+            params: &[("id", "path", true, "Partition id.", "string")],
+            request: None,
+            ok: (
+                200,
+                "application/json",
+                Some(s(|g| {
+                    g.subschema_for::<crate::http::model::CheckpointInfo>()
+                })),
+            ),
+            errors: &[401, 404, 409, 503],
+        },
+        Op {
+            method: "get",
+            path: "/api/v1/partitions/{id}/checkpoints",
+            summary: "A partition's retained checkpoints in this host's checkpoint store, oldest first: each manifest with its input and changelog offsets and its files (object, size, CRC-32).",
+            params: &[("id", "path", true, "Partition id.", "string")],
+            request: None,
+            ok: (
+                200,
+                "application/json",
+                Some(arr(s(|g| {
+                    g.subschema_for::<crate::http::model::Manifest>()
+                }))),
+            ),
+            errors: &[404, 503],
+        },
+        Op {
             method: "get",
             path: "/api/v1/hosts",
             summary: "The hosts of the cluster: id, address, alive, controller, load, last heartbeat.",

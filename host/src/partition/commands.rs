@@ -17,7 +17,7 @@ pub enum Command {
     /// owner resumes (a move's handoff).
     Drain(Sender<Vec<SlotProgress>>),
     /// Commit what is pending now and go on; answer with the offsets committed.
-    Checkpoint(Sender<Vec<SlotProgress>>),
+    Flush(Sender<Vec<SlotProgress>>),
     /// Another owner took over: stop at once and commit nothing more. A commit already in
     /// flight still ends (it cannot be called back); batches processed after it are dropped.
     Fence,
@@ -29,7 +29,7 @@ pub enum Wants {
     /// Go on.
     Nothing,
     /// Commit what is pending, then answer.
-    Checkpoint,
+    Flush,
     /// Commit what is pending, then stop.
     Stop,
     /// Stop without committing.
@@ -66,7 +66,7 @@ impl Inbox {
         }
         match current.as_ref() {
             None => Wants::Nothing,
-            Some(Command::Checkpoint(_)) => Wants::Checkpoint,
+            Some(Command::Flush(_)) => Wants::Flush,
             Some(Command::Stop | Command::Drain(_)) => Wants::Stop,
             Some(Command::Fence) => Wants::Fence,
         }
@@ -75,7 +75,7 @@ impl Inbox {
     /// The command being acted on is done, with `committed` the offsets committed last.
     pub fn done(&self, committed: Vec<SlotProgress>) {
         match self.current.lock().take() {
-            Some(Command::Drain(reply) | Command::Checkpoint(reply)) => {
+            Some(Command::Drain(reply) | Command::Flush(reply)) => {
                 // A caller that gave up waiting is gone; nothing to tell.
                 let _ = reply.send(committed);
             }
@@ -93,11 +93,11 @@ mod tests {
         let (tx, inbox) = Inbox::channel();
         assert_eq!(inbox.wants(), Wants::Nothing);
         let (reply, answer) = std::sync::mpsc::channel();
-        tx.send(Command::Checkpoint(reply)).unwrap();
+        tx.send(Command::Flush(reply)).unwrap();
         tx.send(Command::Fence).unwrap();
-        assert_eq!(inbox.wants(), Wants::Checkpoint);
-        // Still the checkpoint until it is done.
-        assert_eq!(inbox.wants(), Wants::Checkpoint);
+        assert_eq!(inbox.wants(), Wants::Flush);
+        // Still the flush until it is done.
+        assert_eq!(inbox.wants(), Wants::Flush);
         let at = vec![SlotProgress {
             topic: "in".into(),
             slot: 0,

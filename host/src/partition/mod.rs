@@ -14,6 +14,7 @@ mod replay;
 mod status;
 mod timers;
 
+pub mod checkpoints;
 pub mod commands;
 pub mod events;
 pub mod io;
@@ -132,7 +133,7 @@ pub struct PartitionTask {
     pub config: TaskConfig,
     /// Shared status.
     pub status: Arc<PartitionStatus>,
-    /// Commands from the supervisor: stop, drain, checkpoint, fence.
+    /// Commands from the supervisor: stop, drain, flush, fence.
     pub inbox: Inbox,
     /// After Kafka refused a record for good: the offsets up to which records are processed
     /// one per commit, to find that record.
@@ -188,7 +189,7 @@ impl PartitionTask {
                     return;
                 }
                 // Nothing pending to commit: answered with what was committed last.
-                Wants::Checkpoint => self.inbox.done(self.status.progress.lock().clone()),
+                Wants::Flush => self.inbox.done(self.status.progress.lock().clone()),
                 Wants::Nothing => {}
             }
             if !(self.owns)() {
@@ -383,7 +384,7 @@ impl PartitionTask {
                 return Ok(());
             }
             let stopping = wants == Wants::Stop;
-            let checkpoint = wants == Wants::Checkpoint;
+            let flush = wants == Wants::Flush;
             let generation = self.target.generation();
             let swap_due = generation != run.current.generation && generation != run.rejected;
             let replay_changed = self.replays.generation() != replay_generation;
@@ -391,7 +392,7 @@ impl PartitionTask {
             let interval = Duration::from_millis(run.current.settings.commit_interval_ms);
             // A stop, a swap, a replay and isolating a refused record need everything
             // committed; pending batches at their bound wait for the commit in flight.
-            let settle_all = stopping || checkpoint || swap_due || replay_changed || isolating;
+            let settle_all = stopping || flush || swap_due || replay_changed || isolating;
             let full = pending.records >= self.config.max_pending
                 || inst.ctx().overlay.written_bytes() >= MAX_PENDING_BYTES;
             if in_flight.is_some() && (settle_all || full || io.commit_ready()) {
@@ -409,7 +410,7 @@ impl PartitionTask {
                     *in_flight = Some(f);
                 }
             }
-            if stopping || checkpoint {
+            if stopping || flush {
                 // Everything is committed now.
                 self.update_progress(io, committed);
                 if stopping {

@@ -5,6 +5,9 @@ use serde::Serialize;
 
 use crate::partition::{LoopTimeMs, ReplayProgress, RestoreProgress, SlotProgress, SwapReport};
 
+/// A partition's checkpoints, as the partition table and the checkpoint calls show them.
+pub use crate::state::checkpoint::{CheckpointInfo, Manifest, Restored};
+
 /// A partition as `GET /api/v1/partitions` shows it.
 #[derive(Debug, Clone, Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct PartitionInfo {
@@ -63,6 +66,13 @@ pub struct PartitionInfo {
     /// Its last moves, oldest first.
     #[serde(default)]
     pub moves: Vec<crate::control::MoveRecord>,
+    /// Its last checkpoint, taken by its owner since the owner started it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint: Option<crate::state::checkpoint::CheckpointInfo>,
+    /// The checkpoint its owner restored its state from when it started it (the changelogs
+    /// then restored the rest from the checkpoint's offsets), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_from: Option<crate::state::checkpoint::Restored>,
 }
 
 impl PartitionInfo {
@@ -91,6 +101,8 @@ impl PartitionInfo {
             replicas: Vec::new(),
             last_pause_ms: None,
             moves: Vec::new(),
+            last_checkpoint: None,
+            restored_from: None,
         }
     }
 }

@@ -81,6 +81,10 @@ pub struct PartitionStatus {
     pub restored: AtomicBool,
     /// When each step of the first session's start ended (for a move's pause breakdown).
     pub steps: Mutex<Vec<(&'static str, Instant)>>,
+    /// The checkpoint its database was restored from when it started here, if any.
+    pub restored_from: Mutex<Option<crate::state::checkpoint::Restored>>,
+    /// Its last checkpoint taken here.
+    pub last_checkpoint: Mutex<Option<crate::state::checkpoint::CheckpointInfo>>,
 }
 
 /// Cumulative time of the partition loop by step, in microseconds.
@@ -170,6 +174,8 @@ impl PartitionStatus {
             waiting_at_start: AtomicBool::new(true),
             restored: AtomicBool::new(false),
             steps: Mutex::new(Vec::new()),
+            restored_from: Mutex::new(None),
+            last_checkpoint: Mutex::new(None),
         }
     }
 }

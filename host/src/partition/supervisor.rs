@@ -1,6 +1,6 @@
 //! The partitions this host runs. The supervisor starts and stops partition loops to match a
 //! list of [`Assignment`]s per pipeline, and talks to each loop through its command channel
-//! (stop, drain, checkpoint, fence). Today's host is a cluster of one: every partition of every
+//! (stop, drain, flush, fence). Today's host is a cluster of one: every partition of every
 //! pipeline is assigned here, at epoch 1.
 
 use std::collections::BTreeSet;
@@ -89,8 +89,8 @@ impl PartitionHandle {
 
     /// Commits what is pending now and goes on; answers with the offsets committed. `None`
     /// when no answer came within `timeout`.
-    pub fn checkpoint(&self, timeout: Duration) -> Option<Vec<SlotProgress>> {
-        self.ask(Command::Checkpoint, timeout)
+    pub fn flush(&self, timeout: Duration) -> Option<Vec<SlotProgress>> {
+        self.ask(Command::Flush, timeout)
     }
 
     fn ask(
@@ -563,8 +563,18 @@ impl Supervisor {
         let spec = &record.spec;
         let (id, slots) = (a.id.clone(), a.slots.clone());
         let path = self.partition_path(&spec.name, &id);
-        let db = self.parts.state.open_shared(&path, &spec.state_stores())?;
+        let (db, restored) = self.parts.state.open_partition_db(
+            &path,
+            &spec.state_stores(),
+            &crate::state::checkpoint::PartitionRef::new(
+                &record.spec.name,
+                record.created_at,
+                &id,
+                [slots.start, slots.end],
+            ),
+        )?;
         let status = Arc::new(PartitionStatus::new());
+        *status.restored_from.lock() = restored;
         let (commands, inbox) = Inbox::channel();
         let io: IoFactory = {
             let (pipeline, id, slots) = (record.clone(), id.clone(), slots.clone());
@@ -658,6 +668,17 @@ impl Supervisor {
         Ok(Arc::new(handle))
     }
 
+    /// Deletes every checkpoint of pipeline `pipeline` created at `created_at` from the host's
+    /// checkpoint store (a purge).
+    pub fn purge_checkpoints(&self, pipeline: &str, created_at: i64) -> Result<(), String> {
+        match self.parts.state.checkpoints() {
+            Some(store) => store
+                .delete_pipeline(pipeline, created_at)
+                .map_err(|e| e.to_string()),
+            None => Ok(()),
+        }
+    }
+
     /// Whether this host owns partition `id` at its newest epoch, with the control log read to
     /// its end first (for at most 5 s; not when `read_back`, this host's own assignment just
     /// read back). On the embedded log, and for a pipeline no assignment
@@ -725,6 +746,8 @@ impl Supervisor {
                     replicas: Vec::new(),
                     last_pause_ms: None,
                     moves: Vec::new(),
+                    last_checkpoint: h.status.last_checkpoint.lock().clone(),
+                    restored_from: h.status.restored_from.lock().clone(),
                 }
             })
             .collect()

@@ -12,6 +12,7 @@
 //! cache (index and filter blocks charged to it) and one write-buffer manager charged to the same
 //! cache, sized by `--state-memory`. RocksDB's info logs are capped.
 
+pub mod checkpoint;
 mod overlay;
 
 pub use overlay::{HotBudget, Overlay, WriteOp, WriteRef, Writes};
@@ -103,6 +104,9 @@ pub struct StateEnv {
     /// a database to one opener, so a partition that starts again while its old database is
     /// still held (by a query in flight, say) gets that one.
     open: parking_lot::Mutex<std::collections::HashMap<PathBuf, std::sync::Weak<PartitionDb>>>,
+    /// Where partitions are checkpointed, and restored from when a host has no database of
+    /// theirs.
+    checkpoints: std::sync::OnceLock<Arc<checkpoint::CheckpointStore>>,
 }
 
 /// Block-cache counters of a host since it started.
@@ -178,6 +182,7 @@ impl StateEnv {
             cache_capacity,
             db_options,
             open: Default::default(),
+            checkpoints: Default::default(),
         }
     }
 
@@ -319,6 +324,49 @@ impl StateEnv {
         // per column family that 64 idle partitions would turn into tens of MiB of empty
         // filters. A partition that has written a lot gets one (`count_written`).
         o
+    }
+
+    /// Sets the checkpoint store (once, before any partition opens).
+    pub fn set_checkpoints(&self, store: Arc<checkpoint::CheckpointStore>) {
+        if self.checkpoints.set(store).is_err() {
+            tracing::error!("the checkpoint store was set twice; the first one stays");
+        }
+    }
+
+    /// The checkpoint store, if one is set.
+    pub fn checkpoints(&self) -> Option<&Arc<checkpoint::CheckpointStore>> {
+        self.checkpoints.get()
+    }
+
+    /// [`StateEnv::open_shared`] for partition `p`: where this host has no database of it yet,
+    /// the directory is first filled from its newest valid checkpoint, if the store has one
+    /// (what was restored is returned). A store that fails is logged, and the database starts
+    /// empty: the changelogs restore it then.
+    pub fn open_partition_db(
+        &self,
+        path: &Path,
+        stores: &[String],
+        p: &checkpoint::PartitionRef,
+    ) -> Result<(Arc<PartitionDb>, Option<checkpoint::Restored>)> {
+        let held = self
+            .open
+            .lock()
+            .get(path)
+            .is_some_and(|w| w.strong_count() > 0);
+        let mut restored = None;
+        if !held
+            && !path.join("CURRENT").exists()
+            && let Some(store) = self.checkpoints.get()
+        {
+            match store.restore(p, stores, path) {
+                Ok(r) => restored = r,
+                Err(e) => tracing::warn!(
+                    partition = %p.partition,
+                    "no restore from a checkpoint: {e}; the changelogs restore it"
+                ),
+            }
+        }
+        Ok((self.open_shared(path, stores)?, restored))
     }
 
     /// The database of a partition at `path`: the one already open there, or opened (or
@@ -575,6 +623,13 @@ impl PartitionDb {
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
+    }
+
+    /// A RocksDB checkpoint of the database at `dir` (which must not exist): memtables
+    /// flushed, SST files hard-linked. It holds the state and offsets of one commit.
+    pub fn create_checkpoint(&self, dir: &Path) -> Result<()> {
+        rocksdb::checkpoint::Checkpoint::new(&self.db)?.create_checkpoint(dir)?;
+        Ok(())
     }
 
     /// Removes SST files an ingestion left behind (a crash between writing and ingesting one).

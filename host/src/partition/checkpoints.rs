@@ -1,0 +1,169 @@
+//! `Checkpoints`: the checkpoints of the partitions this host runs, on their pipeline's
+//! `checkpoint_interval_s` and on demand, into the host's checkpoint store
+//! ([`crate::state::checkpoint`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::peers::Peers;
+use super::status::Phase;
+use super::supervisor::PartitionHandle;
+use crate::control::Catalog;
+use crate::error::{Error, Result};
+use crate::state::checkpoint::{CheckpointInfo, CheckpointStore, PartitionRef};
+
+/// How often the scheduler looks for partitions whose checkpoint is due.
+const TICK: Duration = Duration::from_secs(1);
+/// How long a checkpoint on demand waits for the partition to commit what is pending.
+const FLUSH_WAIT: Duration = Duration::from_secs(30);
+
+/// The checkpoints of this host's partitions.
+pub struct Checkpoints {
+    store: Arc<CheckpointStore>,
+    peers: Arc<Peers>,
+    catalog: Arc<Mutex<Catalog>>,
+    host_id: String,
+    /// Per partition: when this host started it or last checkpointed it, for the interval.
+    last: Mutex<HashMap<String, (Arc<super::status::PartitionStatus>, Instant)>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Checkpoints {
+    /// Checkpoints of `peers`' partitions into `store`, with their pipelines from `catalog`.
+    pub fn new(
+        store: Arc<CheckpointStore>,
+        peers: Arc<Peers>,
+        catalog: Arc<Mutex<Catalog>>,
+        host_id: String,
+    ) -> Arc<Self> {
+        Arc::new(Checkpoints {
+            store,
+            peers,
+            catalog,
+            host_id,
+            last: Default::default(),
+            stop: Default::default(),
+        })
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<CheckpointStore> {
+        &self.store
+    }
+
+    /// Starts the thread that takes the checkpoints that are due, until [`Checkpoints::stop`].
+    pub fn start(self: &Arc<Self>) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("baton-checkpoints".into())
+            .spawn(move || {
+                while !me.stop.load(Ordering::Relaxed) {
+                    me.take_due();
+                    std::thread::sleep(TICK);
+                }
+            })
+    }
+
+    /// Stops the scheduler thread after its current checkpoint.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// The partition's pipeline's interval, and the partition as its checkpoints name it.
+    fn of(&self, h: &PartitionHandle) -> Option<(u64, PartitionRef)> {
+        let catalog = self.catalog.lock();
+        let record = catalog.pipelines.get(&h.pipeline)?;
+        Some((
+            record.spec.checkpoint_interval_s(),
+            PartitionRef::new(
+                &record.spec.name,
+                record.created_at,
+                &h.id,
+                [h.slots.start, h.slots.end],
+            ),
+        ))
+    }
+
+    /// Takes a checkpoint of each running partition whose interval has passed since it
+    /// started here or was last checkpointed.
+    fn take_due(&self) {
+        for h in self.peers.handles() {
+            if h.stopping() || !matches!(*h.status.phase.lock(), Phase::Running) {
+                continue;
+            }
+            let Some((interval, p)) = self.of(&h) else {
+                continue;
+            };
+            let due = {
+                let mut last = self.last.lock();
+                let (status, at) = last
+                    .entry(h.id.clone())
+                    .or_insert_with(|| (h.status.clone(), Instant::now()));
+                if !Arc::ptr_eq(status, &h.status) {
+                    // Started again here since: its interval starts again.
+                    *status = h.status.clone();
+                    *at = Instant::now();
+                }
+                interval > 0 && at.elapsed() >= Duration::from_secs(interval)
+            };
+            if due && let Err(e) = self.take(&h, &p) {
+                tracing::warn!(partition = %h.id, "checkpoint: {e}");
+            }
+        }
+        // Forget the partitions no longer here.
+        let here: std::collections::HashSet<String> =
+            self.peers.handles().iter().map(|h| h.id.clone()).collect();
+        self.last.lock().retain(|id, _| here.contains(id));
+    }
+
+    fn take(&self, h: &PartitionHandle, p: &PartitionRef) -> Result<CheckpointInfo> {
+        let info = self
+            .store
+            .take(&h.db, p, &self.host_id)
+            .map_err(|e| Error::Unavailable(format!("checkpoint of `{}`: {e}", h.id)))?;
+        tracing::info!(
+            partition = %h.id,
+            seq = info.seq,
+            ms = info.duration_ms,
+            uploaded = info.uploaded_bytes,
+            reused = info.files_reused,
+            "checkpoint taken"
+        );
+        *h.status.last_checkpoint.lock() = Some(info.clone());
+        self.last
+            .lock()
+            .insert(h.id.clone(), (h.status.clone(), Instant::now()));
+        Ok(info)
+    }
+
+    /// Takes a checkpoint of partition `id`, which runs here, now: what is pending commits
+    /// first, so that the checkpoint holds every record processed until the call.
+    pub fn take_now(&self, id: &str) -> Result<CheckpointInfo> {
+        let h = self
+            .peers
+            .handles()
+            .into_iter()
+            .find(|h| h.id == id && !h.stopping())
+            .ok_or_else(|| {
+                Error::NotFound(format!("partition `{id}` does not run on this host"))
+            })?;
+        if !matches!(*h.status.phase.lock(), Phase::Running) {
+            return Err(Error::Conflict(format!(
+                "partition `{id}` is not running yet (restoring or recovering): try again"
+            )));
+        }
+        let (_, p) = self
+            .of(&h)
+            .ok_or_else(|| Error::NotFound(format!("the pipeline of `{id}` is gone")))?;
+        if h.flush(FLUSH_WAIT).is_none() {
+            return Err(Error::Unavailable(format!(
+                "partition `{id}` did not commit within {FLUSH_WAIT:?}"
+            )));
+        }
+        self.take(&h, &p)
+    }
+}

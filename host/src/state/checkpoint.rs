@@ -1,0 +1,937 @@
+//! Incremental checkpoints of a partition's database in a checkpoint store, and restores from
+//! them.
+//!
+//! A checkpoint is a RocksDB checkpoint (hard links, memtables flushed first) of the partition's
+//! database. Each commit writes the batch's state and the slots' input and changelog offsets in
+//! one atomic RocksDB write, so a checkpoint taken at any moment holds the state and offsets of
+//! one commit. Its files go to the store:
+//!
+//! - `<pipeline>/<created_at>/<partition>/files/<object>`: every file, each uploaded once. An
+//!   SST file is immutable and its name (its RocksDB file number) is never reused in one
+//!   database directory, so it is named `<dir id>-<name>`, the directory's id being a random
+//!   number kept in the directory (`BATON-DIR-ID`): later checkpoints of the same directory
+//!   find it uploaded and share it. The other files (`MANIFEST-*`, `CURRENT`, `OPTIONS-*`, WAL)
+//!   belong to one checkpoint. A database restored from a checkpoint keeps the objects of the
+//!   files it was restored from (`BATON-RESTORED.json`) and gets a new id.
+//! - `<pipeline>/<created_at>/<partition>/manifests/<seq>.json`: the manifest, written last,
+//!   with every file's object, size and CRC-32, and the per-slot input and changelog offsets.
+//!
+//! `created_at` tells a pipeline from an earlier one of the same name. Retention keeps the
+//! newest `retain` manifests of a partition; garbage collection then deletes the files no
+//! retained manifest names, except those written since the oldest retained manifest (a
+//! checkpoint still being written).
+//!
+//! Restore takes the newest manifest whose files are all there with their size and CRC-32,
+//! into a new directory; a checkpoint that fails is skipped with its reason, and an older one
+//! tried. The partition then reads its changelogs from the checkpoint's offsets on.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use object_store::ObjectStore;
+use object_store::path::Path as ObjectPath;
+use serde::{Deserialize, Serialize};
+
+use super::{META_CF, PartitionDb, StateError, store_cf};
+
+/// The file in a database directory with its id, which names its SST files in the store.
+const DIR_ID_FILE: &str = "BATON-DIR-ID";
+/// The file in a database directory restored from a checkpoint: the objects of its files.
+const RESTORED_FILE: &str = "BATON-RESTORED.json";
+/// Files of a database directory that are baton's, not RocksDB's: never in a checkpoint.
+const OWN_FILES: [&str; 2] = [DIR_ID_FILE, RESTORED_FILE];
+/// Files are uploaded and read in parts of this size.
+const PART: usize = 8 << 20;
+/// A checkpoint older than this is not restored: the changelog's tombstones are kept for
+/// `delete.retention.ms` (a day by default), and replaying the changelog from an older
+/// checkpoint could miss a deletion whose tombstone compaction has removed since.
+pub const MAX_RESTORE_AGE: Duration = Duration::from_secs(20 * 3600);
+/// The version of the manifest's format.
+const FORMAT: u32 = 1;
+
+/// One file of a checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct CheckpointFile {
+    /// Its name in the database directory.
+    pub name: String,
+    /// Its object under the partition's `files/`.
+    pub object: String,
+    /// Bytes.
+    pub size: u64,
+    /// CRC-32 of its bytes.
+    pub crc32: u32,
+}
+
+/// What a checkpoint holds: the manifest, written after every file.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Manifest {
+    /// Version of this format.
+    pub format: u32,
+    /// The pipeline.
+    pub pipeline: String,
+    /// The pipeline's creation time (ms since the epoch): tells it from an earlier pipeline of
+    /// the same name.
+    pub pipeline_created_at: i64,
+    /// The partition.
+    pub partition: String,
+    /// Its slots `[start, end)`.
+    pub slots: [u32; 2],
+    /// Its stores.
+    pub stores: Vec<String>,
+    /// Number of this checkpoint among the partition's, from 1.
+    pub seq: u64,
+    /// The host that took it.
+    pub host: String,
+    /// When it was taken (ms since the epoch).
+    pub taken_at: i64,
+    /// How long it took (ms): the RocksDB checkpoint, the uploads and the manifest.
+    pub duration_ms: f64,
+    /// Per slot of each input topic (`<topic>/<slot>`): the next input offset.
+    pub input_offsets: BTreeMap<String, u64>,
+    /// Per slot of each store (`<store>/<slot>`): the next changelog offset.
+    pub changelog_offsets: BTreeMap<String, u64>,
+    /// Bytes uploaded for it (files no earlier checkpoint had).
+    pub uploaded_bytes: u64,
+    /// Files uploaded for it.
+    pub files_uploaded: usize,
+    /// Files it shares with an earlier checkpoint.
+    pub files_reused: usize,
+    /// Its files.
+    pub files: Vec<CheckpointFile>,
+}
+
+impl Manifest {
+    /// Bytes of all its files.
+    pub fn size(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+}
+
+/// A partition's last checkpoint, as `GET /api/v1/partitions` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+pub struct CheckpointInfo {
+    /// Its number among the partition's checkpoints.
+    pub seq: u64,
+    /// When it was taken (ms since the epoch).
+    pub taken_at: i64,
+    /// How long it took (ms).
+    pub duration_ms: f64,
+    /// Bytes uploaded for it.
+    pub uploaded_bytes: u64,
+    /// Files uploaded for it.
+    pub files_uploaded: usize,
+    /// Files it shares with an earlier checkpoint.
+    pub files_reused: usize,
+    /// Bytes of all its files: the state's size on disk.
+    pub size_bytes: u64,
+    /// Checkpoints of the partition the store keeps after this one's garbage collection.
+    pub retained: usize,
+    /// Files garbage collection deleted after it.
+    pub files_deleted: usize,
+}
+
+/// What a restore from a checkpoint did.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+pub struct Restored {
+    /// The checkpoint restored.
+    pub seq: u64,
+    /// When it was taken (ms since the epoch).
+    pub taken_at: i64,
+    /// Bytes read from the store.
+    pub bytes: u64,
+    /// Files read.
+    pub files: usize,
+    /// How long it took (ms).
+    pub duration_ms: f64,
+    /// Newer checkpoints skipped, each with the reason.
+    pub skipped: Vec<String>,
+}
+
+/// Which partition of which pipeline a checkpoint is of.
+#[derive(Debug, Clone)]
+pub struct PartitionRef {
+    /// The pipeline.
+    pub pipeline: String,
+    /// Its creation time (ms since the epoch).
+    pub created_at: i64,
+    /// The partition.
+    pub partition: String,
+    /// Its slots.
+    pub slots: [u32; 2],
+}
+
+impl PartitionRef {
+    /// Partition `partition`, with `slots`, of pipeline `pipeline` created at `created_at`.
+    pub fn new(pipeline: &str, created_at: i64, partition: &str, slots: [u32; 2]) -> Self {
+        PartitionRef {
+            pipeline: pipeline.to_string(),
+            created_at,
+            partition: partition.to_string(),
+            slots,
+        }
+    }
+
+    fn prefix(&self) -> String {
+        format!("{}/{}/{}", self.pipeline, self.created_at, self.partition)
+    }
+}
+
+/// Errors of the checkpoint store.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// The store failed.
+    #[error("checkpoint store {url}: {source}")]
+    Store {
+        /// The store.
+        url: String,
+        /// What it said.
+        source: object_store::Error,
+    },
+    /// A local file or directory could not be read or written.
+    #[error("{0}")]
+    Io(String),
+    /// RocksDB failed.
+    #[error(transparent)]
+    State(#[from] StateError),
+}
+
+/// A result of the checkpoint store.
+pub type Result<T> = std::result::Result<T, CheckpointError>;
+
+fn io(what: impl std::fmt::Display, e: std::io::Error) -> CheckpointError {
+    CheckpointError::Io(format!("{what}: {e}"))
+}
+
+/// What the store knows of one partition's checkpoints, kept between its checkpoints.
+#[derive(Default)]
+struct Known {
+    /// Whether the store was listed since the host started.
+    listed: bool,
+    /// The newest checkpoint's number.
+    last_seq: u64,
+    /// Files in retained checkpoints, by object: what a later checkpoint need not upload.
+    files: HashMap<String, CheckpointFile>,
+}
+
+/// A checkpoint store: a directory or an object store, with the retention of checkpoints.
+pub struct CheckpointStore {
+    store: Arc<dyn ObjectStore>,
+    /// The directory of a local store: files are hard-linked into it where they can be.
+    local_root: Option<PathBuf>,
+    url: String,
+    retain: usize,
+    /// The store's client runs here; callers block on it from their own threads.
+    rt: tokio::runtime::Runtime,
+    /// Per partition (store prefix): what its checkpoints hold. A partition's checkpoints are
+    /// taken one at a time (its lock held), and two partitions share nothing.
+    known: parking_lot::Mutex<HashMap<String, Arc<parking_lot::Mutex<Known>>>>,
+}
+
+impl CheckpointStore {
+    /// The store at `url`: a path (or `file://` URL) for a directory, `s3://bucket/prefix`
+    /// for S3 and S3-compatible stores, configured as the `object_store` crate's users expect
+    /// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT`,
+    /// `AWS_ALLOW_HTTP`, ...). Keeps `retain` checkpoints per partition.
+    pub fn open(url: &str, retain: usize) -> std::result::Result<Self, String> {
+        if retain == 0 {
+            return Err("--checkpoint-retain must be at least 1".into());
+        }
+        let mut local_root = None;
+        let store: Arc<dyn ObjectStore> = if let Some(rest) = url.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(format!(
+                    "checkpoint store {url}: no bucket; use s3://BUCKET/PREFIX"
+                ));
+            }
+            let s3 = object_store::aws::AmazonS3Builder::from_env()
+                .with_bucket_name(bucket)
+                .build()
+                .map_err(|e| format!("checkpoint store {url}: {e}"))?;
+            let prefix = prefix.trim_matches('/');
+            if prefix.is_empty() {
+                Arc::new(s3)
+            } else {
+                Arc::new(object_store::prefix::PrefixStore::new(s3, prefix))
+            }
+        } else if url.contains("://") && !url.starts_with("file://") {
+            return Err(format!(
+                "checkpoint store {url}: use a directory, file://DIR or s3://BUCKET/PREFIX"
+            ));
+        } else {
+            let dir = PathBuf::from(url.strip_prefix("file://").unwrap_or(url));
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| format!("checkpoint store {}: {e}", dir.display()))?;
+            let dir = dir
+                .canonicalize()
+                .map_err(|e| format!("checkpoint store {}: {e}", dir.display()))?;
+            local_root = Some(dir.clone());
+            Arc::new(
+                object_store::local::LocalFileSystem::new_with_prefix(&dir)
+                    .map_err(|e| format!("checkpoint store {}: {e}", dir.display()))?,
+            )
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("baton-checkpoints")
+            .enable_all()
+            .build()
+            .map_err(|e| format!("checkpoint store: {e}"))?;
+        Ok(CheckpointStore {
+            store,
+            local_root,
+            url: url.to_string(),
+            retain,
+            rt,
+            known: Default::default(),
+        })
+    }
+
+    /// The store's URL as given.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Checkpoints kept per partition.
+    pub fn retain(&self) -> usize {
+        self.retain
+    }
+
+    /// Runs `f` on the store's runtime, from a thread of its own: callers may be on a runtime.
+    fn block<T: Send>(&self, f: impl std::future::Future<Output = T> + Send) -> T {
+        std::thread::scope(|s| {
+            s.spawn(|| self.rt.block_on(f))
+                .join()
+                .expect("a checkpoint store call panicked")
+        })
+    }
+
+    fn err(&self, source: object_store::Error) -> CheckpointError {
+        CheckpointError::Store {
+            url: self.url.clone(),
+            source,
+        }
+    }
+
+    fn known(&self, p: &PartitionRef) -> Arc<parking_lot::Mutex<Known>> {
+        self.known.lock().entry(p.prefix()).or_default().clone()
+    }
+
+    /// The partition's manifests in the store, oldest first: (seq, object, last modified ms).
+    async fn list_manifests(&self, p: &PartitionRef) -> Result<Vec<(u64, ObjectPath, i64)>> {
+        let prefix = ObjectPath::from(format!("{}/manifests", p.prefix()));
+        let mut out = Vec::new();
+        let mut list = self.store.list(Some(&prefix));
+        while let Some(meta) = list.next().await {
+            let meta = meta.map_err(|e| self.err(e))?;
+            let seq = meta
+                .location
+                .filename()
+                .and_then(|f| f.strip_suffix(".json"))
+                .and_then(|s| s.parse::<u64>().ok());
+            if let Some(seq) = seq {
+                out.push((seq, meta.location, meta.last_modified.timestamp_millis()));
+            }
+        }
+        out.sort_by_key(|(seq, _, _)| *seq);
+        Ok(out)
+    }
+
+    async fn read_manifest(&self, location: &ObjectPath) -> Result<Manifest> {
+        let bytes = self
+            .store
+            .get(location)
+            .await
+            .map_err(|e| self.err(e))?
+            .bytes()
+            .await
+            .map_err(|e| self.err(e))?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| CheckpointError::Io(format!("manifest {location}: {e}")))
+    }
+
+    /// The partition's retained checkpoints, oldest first.
+    pub fn manifests(&self, p: &PartitionRef) -> Result<Vec<Manifest>> {
+        self.block(async {
+            let mut out = Vec::new();
+            for (_, location, _) in self.list_manifests(p).await? {
+                out.push(self.read_manifest(&location).await?);
+            }
+            Ok(out)
+        })
+    }
+
+    /// Takes a checkpoint of `db`, the database of partition `p`, by host `host`: a RocksDB
+    /// checkpoint next to the database, its new files uploaded, its manifest written; then
+    /// the partition's checkpoints beyond the retention are deleted with the files only they
+    /// named.
+    pub fn take(&self, db: &PartitionDb, p: &PartitionRef, host: &str) -> Result<CheckpointInfo> {
+        let started = Instant::now();
+        let known = self.known(p);
+        // One checkpoint of a partition at a time.
+        let mut known = known.lock();
+        let local = db.path().with_extension("checkpoint");
+        if local.exists() {
+            std::fs::remove_dir_all(&local).map_err(|e| io(local.display(), e))?;
+        }
+        db.create_checkpoint(&local)?;
+        let result = self.upload(db, p, host, &local, started, &mut known);
+        let _ = std::fs::remove_dir_all(&local);
+        result
+    }
+
+    fn upload(
+        &self,
+        db: &PartitionDb,
+        p: &PartitionRef,
+        host: &str,
+        local: &Path,
+        started: Instant,
+        known: &mut Known,
+    ) -> Result<CheckpointInfo> {
+        let (input_offsets, changelog_offsets) = read_offsets(local, db.stores())?;
+        let dir_id = dir_id(db.path())?;
+        let restored = restored_objects(db.path());
+        self.block(async {
+            if !known.listed {
+                if let Some((seq, location, _)) = self.list_manifests(p).await?.pop() {
+                    known.last_seq = seq;
+                    if let Ok(m) = self.read_manifest(&location).await {
+                        known.files = m.files.into_iter().map(|f| (f.object.clone(), f)).collect();
+                    }
+                }
+                known.listed = true;
+            }
+            let seq = known.last_seq + 1;
+            let mut names: Vec<String> = std::fs::read_dir(local)
+                .map_err(|e| io(local.display(), e))?
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| !OWN_FILES.contains(&n.as_str()))
+                .collect();
+            names.sort();
+            let mut files = Vec::with_capacity(names.len());
+            let (mut uploaded_bytes, mut files_uploaded, mut files_reused) = (0u64, 0usize, 0);
+            for name in names {
+                let object = if name.ends_with(".sst") {
+                    restored
+                        .get(&name)
+                        .cloned()
+                        .unwrap_or_else(|| format!("{dir_id}-{name}"))
+                } else {
+                    format!("{dir_id}-{seq}-{name}")
+                };
+                if let Some(f) = known.files.get(&object) {
+                    files.push(CheckpointFile { name, ..f.clone() });
+                    files_reused += 1;
+                    continue;
+                }
+                let path = local.join(&name);
+                let location = ObjectPath::from(format!("{}/files/{object}", p.prefix()));
+                let (size, crc32) = self.put_file(&path, &location).await?;
+                uploaded_bytes += size;
+                files_uploaded += 1;
+                files.push(CheckpointFile {
+                    name,
+                    object,
+                    size,
+                    crc32,
+                });
+            }
+            let manifest = Manifest {
+                format: FORMAT,
+                pipeline: p.pipeline.clone(),
+                pipeline_created_at: p.created_at,
+                partition: p.partition.clone(),
+                slots: p.slots,
+                stores: db.stores().to_vec(),
+                seq,
+                host: host.to_string(),
+                taken_at: crate::control::now_ms(),
+                duration_ms: started.elapsed().as_secs_f64() * 1e3,
+                input_offsets,
+                changelog_offsets,
+                uploaded_bytes,
+                files_uploaded,
+                files_reused,
+                files,
+            };
+            let location = ObjectPath::from(format!("{}/manifests/{seq:020}.json", p.prefix()));
+            let body = serde_json::to_vec_pretty(&manifest).expect("a manifest serializes");
+            self.store
+                .put(&location, body.into())
+                .await
+                .map_err(|e| self.err(e))?;
+            known.last_seq = seq;
+            known.files = manifest
+                .files
+                .iter()
+                .map(|f| (f.object.clone(), f.clone()))
+                .collect();
+            let (retained, files_deleted) = self.collect_garbage(p).await?;
+            Ok(CheckpointInfo {
+                seq,
+                taken_at: manifest.taken_at,
+                duration_ms: started.elapsed().as_secs_f64() * 1e3,
+                uploaded_bytes,
+                files_uploaded,
+                files_reused,
+                size_bytes: manifest.size(),
+                retained,
+                files_deleted,
+            })
+        })
+    }
+
+    /// Deletes every checkpoint of pipeline `pipeline` created at `created_at` (a purge).
+    pub fn delete_pipeline(&self, pipeline: &str, created_at: i64) -> Result<()> {
+        let prefix = ObjectPath::from(format!("{pipeline}/{created_at}"));
+        let mine = format!("{pipeline}/{created_at}/");
+        // A checkpoint under way of one of its partitions ends first: its partitions have
+        // stopped, so none starts after it.
+        let partitions: Vec<_> = self
+            .known
+            .lock()
+            .iter()
+            .filter(|(k, _)| k.starts_with(&mine))
+            .map(|(_, v)| v.clone())
+            .collect();
+        let _held: Vec<_> = partitions.iter().map(|k| k.lock()).collect();
+        self.known.lock().retain(|k, _| !k.starts_with(&mine));
+        self.block(async {
+            let mut list = self.store.list(Some(&prefix));
+            let mut all = Vec::new();
+            while let Some(meta) = list.next().await {
+                all.push(meta.map_err(|e| self.err(e))?.location);
+            }
+            drop(list);
+            let n = all.len();
+            for location in all {
+                match self.store.delete(&location).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(self.err(e)),
+                }
+            }
+            tracing::info!(pipeline, created_at, objects = n, "checkpoints deleted");
+            Ok(())
+        })
+    }
+
+    /// Uploads the file at `path` to `location`, in parts: its size and CRC-32.
+    async fn put_file(&self, path: &Path, location: &ObjectPath) -> Result<(u64, u32)> {
+        let mut file = std::fs::File::open(path).map_err(|e| io(path.display(), e))?;
+        let len = file.metadata().map_err(|e| io(path.display(), e))?.len();
+        let mut crc = crc32fast::Hasher::new();
+        // Only SST files, which are never changed in place and linked once: the other files
+        // of a RocksDB checkpoint may be links to one file (its `OPTIONS`), whose modification
+        // time, which garbage collection goes by, would be that of the last link.
+        let linkable = path.extension().is_some_and(|e| e == "sst");
+        if let Some(root) = self.local_root.as_ref().filter(|_| linkable) {
+            // A directory on the database's file system: the file is linked, not copied (an
+            // SST file is never changed in place), and only read for its CRC-32.
+            let target = root.join(location.as_ref());
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| io(parent.display(), e))?;
+            }
+            let _ = std::fs::remove_file(&target);
+            if std::fs::hard_link(path, &target).is_ok() {
+                let mut buf = vec![0u8; 1 << 20];
+                let mut size = 0u64;
+                loop {
+                    let n = file.read(&mut buf).map_err(|e| io(path.display(), e))?;
+                    if n == 0 {
+                        break;
+                    }
+                    crc.update(&buf[..n]);
+                    size += n as u64;
+                }
+                // Its modification time is now that of the upload, which garbage collection
+                // goes by.
+                let _ = std::fs::File::options()
+                    .write(true)
+                    .open(&target)
+                    .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+                return Ok((size, crc.finalize()));
+            }
+        }
+        if len as usize <= PART {
+            let mut buf = Vec::with_capacity(len as usize);
+            file.read_to_end(&mut buf)
+                .map_err(|e| io(path.display(), e))?;
+            crc.update(&buf);
+            let size = buf.len() as u64;
+            self.store
+                .put(location, buf.into())
+                .await
+                .map_err(|e| self.err(e))?;
+            return Ok((size, crc.finalize()));
+        }
+        let upload = self
+            .store
+            .put_multipart(location)
+            .await
+            .map_err(|e| self.err(e))?;
+        let mut writer = object_store::WriteMultipart::new_with_chunk_size(upload, PART);
+        let mut buf = vec![0u8; PART];
+        let mut size = 0u64;
+        loop {
+            let n = file.read(&mut buf).map_err(|e| io(path.display(), e))?;
+            if n == 0 {
+                break;
+            }
+            crc.update(&buf[..n]);
+            size += n as u64;
+            writer.wait_for_capacity(2).await.map_err(|e| self.err(e))?;
+            writer.write(&buf[..n]);
+        }
+        writer.finish().await.map_err(|e| self.err(e))?;
+        Ok((size, crc.finalize()))
+    }
+
+    /// Deletes the partition's checkpoints beyond the retention, then the files no retained
+    /// checkpoint names and written before the oldest retained one: (retained, files deleted).
+    async fn collect_garbage(&self, p: &PartitionRef) -> Result<(usize, usize)> {
+        let mut manifests = self.list_manifests(p).await?;
+        let excess = manifests.len().saturating_sub(self.retain);
+        for (_, location, _) in manifests.drain(..excess) {
+            match self.store.delete(&location).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        let Some(&(_, _, oldest)) = manifests.first() else {
+            return Ok((0, 0));
+        };
+        let mut referenced = std::collections::HashSet::new();
+        for (_, location, _) in &manifests {
+            // A manifest that cannot be read names nothing: its checkpoint is not restorable.
+            match self.read_manifest(location).await {
+                Ok(m) => referenced.extend(m.files.into_iter().map(|f| f.object)),
+                Err(e) => tracing::warn!("checkpoint garbage collection: {e}"),
+            }
+        }
+        let prefix = ObjectPath::from(format!("{}/files", p.prefix()));
+        let mut doomed = Vec::new();
+        let mut list = self.store.list(Some(&prefix));
+        while let Some(meta) = list.next().await {
+            let meta = meta.map_err(|e| self.err(e))?;
+            let name = meta.location.filename().unwrap_or_default().to_string();
+            // Written since the oldest retained manifest: a checkpoint may be writing it.
+            if !referenced.contains(&name) && meta.last_modified.timestamp_millis() < oldest {
+                doomed.push(meta.location);
+            }
+        }
+        drop(list);
+        let deleted = doomed.len();
+        for location in doomed {
+            match self.store.delete(&location).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        Ok((manifests.len(), deleted))
+    }
+
+    /// Fills the directory `path`, where partition `p` has no database, from its newest valid
+    /// checkpoint: `None` when it has no checkpoint that restores (each skipped one is logged
+    /// with its reason, and returned in [`Restored::skipped`] of the one that restores).
+    /// `stores` are the partition's stores now: a checkpoint of others does not restore.
+    pub fn restore(
+        &self,
+        p: &PartitionRef,
+        stores: &[String],
+        path: &Path,
+    ) -> Result<Option<Restored>> {
+        self.restore_from(p, stores, path, None)
+    }
+
+    /// [`CheckpointStore::restore`] from checkpoint `only` (a number), or the newest valid
+    /// one when `None`.
+    pub fn restore_from(
+        &self,
+        p: &PartitionRef,
+        stores: &[String],
+        path: &Path,
+        only: Option<u64>,
+    ) -> Result<Option<Restored>> {
+        let started = Instant::now();
+        let known = self.known(p);
+        let _one_at_a_time = known.lock();
+        if path.join("CURRENT").exists() {
+            // Another opener restored it meanwhile.
+            return Ok(None);
+        }
+        self.block(async {
+            let mut skipped = Vec::new();
+            let mut manifests = self.list_manifests(p).await?;
+            manifests.reverse();
+            for (seq, location, _) in manifests {
+                if only.is_some_and(|o| o != seq) {
+                    continue;
+                }
+                let attempt = async {
+                    let m = self.read_manifest(&location).await?;
+                    self.check(&m, p, stores).map_err(CheckpointError::Io)?;
+                    self.fetch(&m, p, path).await?;
+                    Ok::<_, CheckpointError>(m)
+                };
+                match attempt.await {
+                    Ok(m) => {
+                        let restored = Restored {
+                            seq,
+                            taken_at: m.taken_at,
+                            bytes: m.size(),
+                            files: m.files.len(),
+                            duration_ms: started.elapsed().as_secs_f64() * 1e3,
+                            skipped,
+                        };
+                        tracing::info!(
+                            partition = %p.partition,
+                            seq,
+                            bytes = restored.bytes,
+                            ms = restored.duration_ms,
+                            "restored from checkpoint"
+                        );
+                        return Ok(Some(restored));
+                    }
+                    Err(e) => {
+                        let why = format!("checkpoint {seq} of {}: {e}", p.partition);
+                        tracing::warn!("{why}; trying an older one");
+                        skipped.push(why);
+                    }
+                }
+            }
+            Ok(None)
+        })
+    }
+
+    /// Why manifest `m` cannot restore partition `p` now, if it cannot.
+    fn check(
+        &self,
+        m: &Manifest,
+        p: &PartitionRef,
+        stores: &[String],
+    ) -> std::result::Result<(), String> {
+        if m.format != FORMAT {
+            return Err(format!("format {} is not {FORMAT}", m.format));
+        }
+        if m.pipeline != p.pipeline
+            || m.pipeline_created_at != p.created_at
+            || m.partition != p.partition
+        {
+            return Err(format!(
+                "it is of {}/{} (created {}), not this partition",
+                m.pipeline, m.partition, m.pipeline_created_at
+            ));
+        }
+        if m.slots != p.slots {
+            return Err(format!("it holds slots {:?}, not {:?}", m.slots, p.slots));
+        }
+        if m.stores != stores {
+            return Err(format!(
+                "it has stores {:?}, the pipeline {:?}",
+                m.stores, stores
+            ));
+        }
+        let age = crate::control::now_ms().saturating_sub(m.taken_at);
+        if age > MAX_RESTORE_AGE.as_millis() as i64 {
+            return Err(format!(
+                "it is {} h old, older than the changelog's tombstones are kept",
+                age / 3_600_000
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reads the files of `m` into a new directory, checks each one's size and CRC-32, and
+    /// puts the directory at `path`.
+    async fn fetch(&self, m: &Manifest, p: &PartitionRef, path: &Path) -> Result<()> {
+        let tmp = path.with_extension("restoring");
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(|e| io(tmp.display(), e))?;
+        }
+        std::fs::create_dir_all(&tmp).map_err(|e| io(tmp.display(), e))?;
+        let fetched = async {
+            let mut objects = BTreeMap::new();
+            for f in &m.files {
+                let location = ObjectPath::from(format!("{}/files/{}", p.prefix(), f.object));
+                let target = tmp.join(&f.name);
+                let mut out =
+                    std::fs::File::create(&target).map_err(|e| io(target.display(), e))?;
+                let mut stream = self
+                    .store
+                    .get(&location)
+                    .await
+                    .map_err(|e| self.err(e))?
+                    .into_stream();
+                let mut crc = crc32fast::Hasher::new();
+                let mut size = 0u64;
+                while let Some(chunk) = stream.next().await {
+                    let chunk = chunk.map_err(|e| self.err(e))?;
+                    crc.update(&chunk);
+                    size += chunk.len() as u64;
+                    out.write_all(&chunk).map_err(|e| io(target.display(), e))?;
+                }
+                let crc = crc.finalize();
+                if size != f.size || crc != f.crc32 {
+                    return Err(CheckpointError::Io(format!(
+                        "file {} ({}) has {size} bytes with CRC-32 {crc:08x}, the manifest says \
+                         {} bytes with {:08x}",
+                        f.name, f.object, f.size, f.crc32
+                    )));
+                }
+                if f.name.ends_with(".sst") {
+                    objects.insert(f.name.clone(), f.object.clone());
+                }
+            }
+            let restored = serde_json::to_vec(&objects).expect("a map serializes");
+            std::fs::write(tmp.join(RESTORED_FILE), restored).map_err(|e| io(tmp.display(), e))?;
+            Ok(())
+        };
+        if let Err(e) = fetched.await {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+        if path.exists() {
+            std::fs::remove_dir_all(path).map_err(|e| io(path.display(), e))?;
+        }
+        std::fs::rename(&tmp, path).map_err(|e| io(path.display(), e))?;
+        Ok(())
+    }
+}
+
+/// The id of the database directory `dir`, made on first use.
+fn dir_id(dir: &Path) -> Result<String> {
+    let file = dir.join(DIR_ID_FILE);
+    if let Ok(id) = std::fs::read_to_string(&file)
+        && !id.trim().is_empty()
+    {
+        return Ok(id.trim().to_string());
+    }
+    // Unique among directories: the time in nanoseconds, the process and the path, hashed.
+    use sha2::Digest;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let seed = format!("{nanos}/{}/{}", std::process::id(), dir.display());
+    let id = hex::encode(&sha2::Sha256::digest(seed.as_bytes())[..8]);
+    std::fs::write(&file, &id).map_err(|e| io(file.display(), e))?;
+    Ok(id)
+}
+
+/// The objects of the files a directory was restored from, by name.
+fn restored_objects(dir: &Path) -> HashMap<String, String> {
+    std::fs::read(dir.join(RESTORED_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// The input and changelog offsets in the metadata of the checkpoint at `dir`.
+fn read_offsets(
+    dir: &Path,
+    stores: &[String],
+) -> Result<(BTreeMap<String, u64>, BTreeMap<String, u64>)> {
+    let mut cfs = vec![META_CF.to_string()];
+    cfs.extend(stores.iter().map(|s| store_cf(s)));
+    let db = rocksdb::DB::open_cf_for_read_only(&rocksdb::Options::default(), dir, cfs, false)
+        .map_err(StateError::from)?;
+    let meta = db
+        .cf_handle(META_CF)
+        .ok_or_else(|| StateError::Corrupt("no _meta column family".into()))?;
+    let (mut input, mut changelog) = (BTreeMap::new(), BTreeMap::new());
+    for item in db.iterator_cf(meta, rocksdb::IteratorMode::Start) {
+        let (k, v) = item.map_err(StateError::from)?;
+        let (Ok(k), Ok(v)) = (std::str::from_utf8(&k), <[u8; 8]>::try_from(&v[..])) else {
+            continue;
+        };
+        let v = u64::from_be_bytes(v);
+        if let Some(rest) = k.strip_prefix("in/") {
+            input.insert(rest.to_string(), v);
+        } else if let Some(rest) = k.strip_prefix("cl/") {
+            changelog.insert(rest.to_string(), v);
+        }
+    }
+    Ok((input, changelog))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{StateEnv, WriteRef};
+
+    fn put(db: &PartitionDb, key: &str, value: &str, offset: u64) {
+        let w = WriteRef {
+            store: 0,
+            key: key.as_bytes(),
+            value: Some(value.as_bytes()),
+        };
+        db.commit(
+            [w],
+            &[(
+                "cl/counts/0".to_string(),
+                Some(offset.to_be_bytes().to_vec()),
+            )],
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_checkpoint_restores_into_a_new_directory_and_a_purge_deletes_every_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let env = StateEnv::new(32 << 20);
+        let store = CheckpointStore::open(dir.path().join("store").to_str().unwrap(), 2).unwrap();
+        let stores = vec!["counts".to_string()];
+        let p = PartitionRef::new("wc", 7, "wc-0", [0, 2]);
+        let db = env.open_partition(&dir.path().join("db"), &stores).unwrap();
+        put(&db, "a", "1", 10);
+        let first = store.take(&db, &p, "h").unwrap();
+        assert_eq!((first.seq, first.files_reused), (1, 0));
+        put(&db, "b", "2", 11);
+        let second = store.take(&db, &p, "h").unwrap();
+        assert_eq!(second.seq, 2);
+        assert!(second.files_reused > 0, "{second:?}");
+        let m = store.manifests(&p).unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[1].changelog_offsets.get("counts/0"), Some(&11));
+
+        let target = dir.path().join("restored");
+        let r = store.restore(&p, &stores, &target).unwrap().unwrap();
+        assert_eq!(r.seq, 2);
+        let copy = env.open_partition(&target, &stores).unwrap();
+        assert_eq!(copy.get(0, b"a").unwrap().as_deref(), Some(&b"1"[..]));
+        assert_eq!(copy.get(0, b"b").unwrap().as_deref(), Some(&b"2"[..]));
+        assert_eq!(copy.get_meta_u64("cl/counts/0").unwrap(), Some(11));
+        // Another pipeline's partition of the same name has none.
+        let other = PartitionRef::new("wc", 8, "wc-0", [0, 2]);
+        assert!(
+            store
+                .restore(&other, &stores, &dir.path().join("x"))
+                .unwrap()
+                .is_none()
+        );
+
+        store.delete_pipeline("wc", 7).unwrap();
+        assert!(store.manifests(&p).unwrap().is_empty());
+        let left: Vec<_> = walk(&dir.path().join("store"));
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    fn walk(dir: &Path) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                out.extend(walk(&e.path()));
+            } else {
+                out.push(e.path());
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,294 @@
+//! Incremental checkpoints (`POST /api/v1/partitions/{id}/checkpoint`, `--checkpoints`,
+//! `--checkpoint-retain`): files shared between checkpoints, retention and garbage collection,
+//! and restores on a host with no state of its own from the newest valid checkpoint, then the
+//! changelog's tail, with a corrupted checkpoint skipped for an older one.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use baton_tests::{
+    ChildHost, TestProducer, cluster_name, kafka_bootstrap, kafka_shared, wait_for, words,
+};
+use serde_json::{Value, json};
+
+/// The objects under the store's `files/` of partition `wc-0`, by name.
+fn stored_files(store: &Path) -> anyhow::Result<BTreeSet<String>> {
+    let mut out = BTreeSet::new();
+    let Ok(dirs) = std::fs::read_dir(store.join("wc")) else {
+        return Ok(out);
+    };
+    for pipeline_dir in dirs {
+        let files = pipeline_dir?.path().join("wc-0").join("files");
+        let Ok(entries) = std::fs::read_dir(&files) else {
+            continue;
+        };
+        for f in entries {
+            out.insert(f?.file_name().to_string_lossy().into_owned());
+        }
+    }
+    Ok(out)
+}
+
+/// The directory of partition `wc-0` in the store.
+fn partition_dir(store: &Path) -> anyhow::Result<PathBuf> {
+    let created = std::fs::read_dir(store.join("wc"))?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("no checkpoints of wc"))??;
+    Ok(created.path().join("wc-0"))
+}
+
+/// Sends `batch` to `input` and waits until `api`'s host processed everything sent so far.
+async fn send(
+    producer: &TestProducer,
+    input: &str,
+    sent: &mut Vec<String>,
+    batch: Vec<String>,
+    api: &baton_tests::Api,
+) -> anyhow::Result<()> {
+    let records: Vec<(String, String)> = batch.iter().map(|w| (w.clone(), "x".into())).collect();
+    producer.send(input, 2, &records).await?;
+    sent.extend(batch);
+    api.wait_caught_up("wc", sent.len() as u64, Duration::from_secs(90))
+        .await
+}
+
+async fn checkpoint(api: &baton_tests::Api) -> anyhow::Result<Value> {
+    let r = api
+        .post_json("/api/v1/partitions/wc-0/checkpoint", &json!({}))
+        .await?;
+    anyhow::ensure!(r.status == 200, "checkpoint: {r:?}");
+    Ok(r.body)
+}
+
+async fn row(api: &baton_tests::Api) -> anyhow::Result<Value> {
+    api.partitions()
+        .await?
+        .into_iter()
+        .find(|p| p["id"] == "wc-0")
+        .ok_or_else(|| anyhow::anyhow!("no wc-0"))
+}
+
+/// Every word's count on `api` equals how often it was sent.
+async fn assert_counts(api: &baton_tests::Api, sent: &[String]) -> anyhow::Result<()> {
+    let mut want: BTreeMap<&str, i64> = BTreeMap::new();
+    for w in sent {
+        *want.entry(w.as_str()).or_default() += 1;
+    }
+    for (w, n) in want {
+        assert_eq!(
+            api.counter("wc", "counts", w).await?,
+            Some(n),
+            "count of {w}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_share_files_are_collected_and_restore_a_new_host_exactly_with_a_fallback()
+-> anyhow::Result<()> {
+    let _k = kafka_shared().await;
+    let dir = tempfile::tempdir()?;
+    let cluster = cluster_name(dir.path());
+    let bootstrap = kafka_bootstrap();
+    // One store for every host, as an object store would be.
+    let store = dir.path().join("store");
+    let store_flag = store.to_string_lossy().into_owned();
+    let start = |id: &str| {
+        let (dir, cluster, bootstrap, store) = (
+            dir.path().join(id),
+            cluster.clone(),
+            bootstrap.clone(),
+            store_flag.clone(),
+        );
+        let id = id.to_string();
+        async move {
+            let flags = [
+                "--kafka",
+                &bootstrap,
+                "--host-id",
+                &id,
+                "--session-timeout",
+                "6s",
+                "--checkpoints",
+                &store,
+                "--checkpoint-retain",
+                "2",
+            ];
+            ChildHost::start_with(&dir, &cluster, "64MiB", &flags, &[]).await
+        }
+    };
+    let a = start("a").await?;
+    let input = baton_tests::unique("checkpointed-words");
+    a.api.upload_plugin("word-count", "word-count", "1").await?;
+    a.api
+        .create_pipeline(json!({
+            "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
+            "stores": ["counts"], "slots": 2, "partitions": 1, "guarantee": "exactly-once",
+            "checkpoint_interval_s": 0
+        }))
+        .await?;
+    let producer = TestProducer::new()?;
+    let mut sent: Vec<String> = Vec::new();
+    // The first checkpoint uploads every file.
+    send(&producer, &input, &mut sent, words(3000, 400, 1), &a.api).await?;
+    let first = checkpoint(&a.api).await?;
+    assert_eq!(first["seq"], 1, "{first}");
+    assert!(first["files_uploaded"].as_u64() > Some(0), "{first}");
+    assert_eq!(first["files_reused"], 0, "{first}");
+    assert_eq!(first["uploaded_bytes"], first["size_bytes"], "{first}");
+
+    // The next ones share the SST files that did not change.
+    send(&producer, &input, &mut sent, words(500, 20, 2), &a.api).await?;
+    let second = checkpoint(&a.api).await?;
+    assert_eq!(second["seq"], 2, "{second}");
+    assert!(second["files_reused"].as_u64() > Some(0), "{second}");
+    assert!(
+        second["uploaded_bytes"].as_u64() < second["size_bytes"].as_u64(),
+        "{second}"
+    );
+    send(&producer, &input, &mut sent, words(500, 20, 3), &a.api).await?;
+    let third = checkpoint(&a.api).await?;
+    assert_eq!(third["seq"], 3, "{third}");
+    assert_eq!(third["retained"], 2, "{third}");
+    assert!(third["files_deleted"].as_u64() > Some(0), "{third}");
+    let shown = row(&a.api).await?;
+    assert_eq!(shown["last_checkpoint"]["seq"], 3, "{shown}");
+
+    // Retention: checkpoints 2 and 3, and exactly the files they name.
+    let listed = a.api.get("/api/v1/partitions/wc-0/checkpoints").await?;
+    assert_eq!(listed.status, 200, "{listed:?}");
+    let manifests = listed.body.as_array().cloned().unwrap_or_default();
+    let seqs: Vec<u64> = manifests.iter().filter_map(|m| m["seq"].as_u64()).collect();
+    assert_eq!(seqs, vec![2, 3]);
+    let named: BTreeSet<String> = manifests
+        .iter()
+        .flat_map(|m| m["files"].as_array().cloned().unwrap_or_default())
+        .filter_map(|f| f["object"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(stored_files(&store)?, named);
+    for m in &manifests {
+        let offsets = m["changelog_offsets"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            offsets.contains_key("counts/0") && offsets.contains_key("counts/1"),
+            "{m}"
+        );
+        assert!(
+            !m["input_offsets"].as_object().is_none_or(|o| o.is_empty()),
+            "{m}"
+        );
+    }
+
+    // Records after the last checkpoint: the changelog's tail. Then the owner dies with its
+    // disk, and a new host takes the partition over.
+    send(&producer, &input, &mut sent, words(1000, 400, 4), &a.api).await?;
+    a.kill9()?;
+    let b = start("b").await?;
+    let restored = wait_for("wc-0 running on b", Duration::from_secs(90), || async {
+        let p = row(&b.api).await?;
+        Ok((p["owner"] == "b" && p["state"] == "running").then_some(p))
+    })
+    .await?;
+    assert_eq!(restored["restored_from"]["seq"], 3, "{restored}");
+    assert_eq!(
+        restored["restored_from"]["skipped"]
+            .as_array()
+            .map(Vec::len),
+        Some(0),
+        "{restored}"
+    );
+    // Only the tail came from the changelog: not the 4,000 updates before the checkpoint.
+    let tail = restored["restore"]["done"].as_u64().unwrap_or(u64::MAX);
+    assert!(tail <= 1000, "changelog records restored: {restored}");
+    b.api
+        .wait_caught_up("wc", sent.len() as u64, Duration::from_secs(90))
+        .await?;
+    assert_counts(&b.api, &sent).await?;
+
+    // A checkpoint file that fails its CRC: the restore falls back to checkpoint 2, and the
+    // changelog restores the rest from its offsets.
+    let part = partition_dir(&store)?;
+    let m3: Value = serde_json::from_slice(&std::fs::read(
+        part.join("manifests").join(format!("{:020}.json", 3)),
+    )?)?;
+    let victim = m3["files"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|f| {
+            f["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("MANIFEST-"))
+        })
+        .and_then(|f| f["object"].as_str())
+        .ok_or_else(|| anyhow::anyhow!("no MANIFEST in {m3}"))?
+        .to_string();
+    let path = part.join("files").join(&victim);
+    let mut bytes = std::fs::read(&path)?;
+    bytes[0] ^= 0xff;
+    std::fs::remove_file(&path)?;
+    std::fs::write(&path, bytes)?;
+    send(&producer, &input, &mut sent, words(500, 400, 5), &b.api).await?;
+    b.kill9()?;
+    let c = start("c").await?;
+    let fell_back = wait_for("wc-0 running on c", Duration::from_secs(90), || async {
+        let p = row(&c.api).await?;
+        Ok((p["owner"] == "c" && p["state"] == "running").then_some(p))
+    })
+    .await?;
+    assert_eq!(fell_back["restored_from"]["seq"], 2, "{fell_back}");
+    let skipped = fell_back["restored_from"]["skipped"].to_string();
+    assert!(
+        skipped.contains("checkpoint 3") && skipped.contains("CRC-32"),
+        "{skipped}"
+    );
+    c.api
+        .wait_caught_up("wc", sent.len() as u64, Duration::from_secs(90))
+        .await?;
+    assert_counts(&c.api, &sent).await?;
+
+    // On an interval, changed in place.
+    let patched = c
+        .api
+        .send_with_token(
+            reqwest::Method::PATCH,
+            "/api/v1/pipelines/wc",
+            Some(&json!({"checkpoint_interval_s": 1})),
+            None,
+        )
+        .await?;
+    assert_eq!(patched.status, 200, "{patched:?}");
+    wait_for(
+        "a checkpoint on the interval",
+        Duration::from_secs(30),
+        || async {
+            let p = row(&c.api).await?;
+            Ok(p["last_checkpoint"]["seq"].as_u64().filter(|s| *s >= 5))
+        },
+    )
+    .await?;
+
+    // A purge deletes the pipeline's checkpoints.
+    let purged = c
+        .api
+        .send_with_token(
+            reqwest::Method::DELETE,
+            "/api/v1/pipelines/wc?purge=true",
+            None,
+            None,
+        )
+        .await?;
+    assert_eq!(purged.status, 200, "{purged:?}");
+    let left = stored_files(&store)?;
+    let log = std::fs::read_to_string(dir.path().join("c").join("baton.log")).unwrap_or_default();
+    assert!(
+        left.is_empty(),
+        "files left after the purge: {left:?}\n{log}"
+    );
+    c.terminate()?;
+    Ok(())
+}
