@@ -1418,3 +1418,108 @@ pub async fn word_count_host(
         .await?;
     Ok(host)
 }
+
+/// An S3-compatible server of a test's own on 127.0.0.1 (moto's standalone server, installed
+/// from PyPI by `scripts/setup`), with one bucket. Stopped when dropped.
+pub struct S3Server {
+    child: std::process::Child,
+    /// Its base URL, `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+    /// The bucket made at start.
+    pub bucket: String,
+}
+
+impl S3Server {
+    /// Starts the server on a free port and makes `bucket`; returns once it answers.
+    pub async fn start(bucket: &str) -> Result<Self> {
+        let cache = std::env::var("BATON_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| {
+                PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/baton")
+            });
+        let bin = cache.join("py/bin/moto_server");
+        anyhow::ensure!(
+            bin.exists(),
+            "{} is missing: run scripts/setup",
+            bin.display()
+        );
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let log = tempfile::tempfile()?;
+        let child = Command::new(bin)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("spawning moto_server")?;
+        let server = S3Server {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+            bucket: bucket.to_string(),
+        };
+        let client = reqwest::Client::new();
+        let url = format!("{}/{bucket}", server.endpoint);
+        wait_for(
+            "the S3 server to make the bucket",
+            Duration::from_secs(60),
+            || {
+                let (client, url) = (client.clone(), url.clone());
+                async move {
+                    Ok(match client.put(&url).send().await {
+                        Ok(r) if r.status().is_success() => Some(()),
+                        _ => None,
+                    })
+                }
+            },
+        )
+        .await?;
+        Ok(server)
+    }
+
+    /// The environment a `baton` host reaches it with, as the `object_store` crate reads it.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT", self.endpoint.clone()),
+            ("AWS_ALLOW_HTTP", "true".into()),
+            ("AWS_ACCESS_KEY_ID", "baton-test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "baton-test-secret".into()),
+            ("AWS_REGION", "us-east-1".into()),
+        ]
+    }
+
+    /// The keys of the objects under `prefix` in the bucket.
+    pub async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
+        let mut keys = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut url = format!(
+                "{}/{}?list-type=2&prefix={prefix}",
+                self.endpoint, self.bucket
+            );
+            if let Some(t) = &token {
+                url.push_str(&format!("&continuation-token={t}"));
+            }
+            let body = reqwest::get(&url).await?.text().await?;
+            let tag = |name: &str| -> Vec<String> {
+                body.split(&format!("<{name}>"))
+                    .skip(1)
+                    .filter_map(|s| s.split(&format!("</{name}>")).next())
+                    .map(str::to_string)
+                    .collect()
+            };
+            keys.extend(tag("Key"));
+            token = tag("NextContinuationToken").into_iter().next();
+            if token.is_none() {
+                return Ok(keys);
+            }
+        }
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

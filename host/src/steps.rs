@@ -43,6 +43,10 @@ pub const MOVE_TAKE_OVER: &str = "move.take-over";
 /// comes back as a zombie owner with a commit to make.
 pub const COMMIT_SEND: &str = "commit.send";
 
+/// A checkpoint's step: its files are in the checkpoint store and its manifest is about to be
+/// written. The key is `<partition>/<seq>` (`wc-0/3`: checkpoint 3 of `wc-0`).
+pub const CHECKPOINT_UPLOAD: &str = "checkpoint.upload";
+
 /// A fault, not a hold: a partition's input consumer stops fetching (its topic partitions are
 /// paused), with no error, as librdkafka's consumers have been seen to after a broker restart.
 pub const INPUT_STALL: &str = "input.stall";
@@ -67,6 +71,7 @@ pub const STEPS: &[&str] = &[
     MOVE_WARMING,
     MOVE_TAKE_OVER,
     COMMIT_SEND,
+    CHECKPOINT_UPLOAD,
 ];
 
 /// Every fault that can be injected.

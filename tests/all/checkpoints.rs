@@ -292,3 +292,162 @@ async fn checkpoints_share_files_are_collected_and_restore_a_new_host_exactly_wi
     c.terminate()?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_in_an_s3_compatible_store_restore_on_another_host_after_a_kill_mid_checkpoint()
+-> anyhow::Result<()> {
+    let _k = kafka_shared().await;
+    let s3 = baton_tests::S3Server::start("checkpoints").await?;
+    let dir = tempfile::tempdir()?;
+    let cluster = cluster_name(dir.path());
+    let bootstrap = kafka_bootstrap();
+    let url = format!("s3://{}/cluster-1", s3.bucket);
+    let reached = dir.path().join("steps.log");
+    let env = s3.env();
+    let start = |id: &str, env: Vec<(&'static str, String)>| {
+        let (dir, cluster, bootstrap, url) = (
+            dir.path().join(id),
+            cluster.clone(),
+            bootstrap.clone(),
+            url.clone(),
+        );
+        let id = id.to_string();
+        async move {
+            let flags = [
+                "--kafka",
+                &bootstrap,
+                "--host-id",
+                &id,
+                "--session-timeout",
+                "6s",
+                "--checkpoints",
+                &url,
+            ];
+            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            ChildHost::start_with(&dir, &cluster, "64MiB", &flags, &env).await
+        }
+    };
+    // Host a is held in its third checkpoint of wc-0, after the uploads and before the
+    // manifest.
+    let mut env_a = env.clone();
+    env_a.push((
+        baton::steps::STEPS_ENV,
+        "checkpoint.upload@wc-0/3=120s".into(),
+    ));
+    env_a.push((
+        baton::steps::STEPS_LOG_ENV,
+        reached.to_string_lossy().into_owned(),
+    ));
+    let a = start("a", env_a).await?;
+    let input = baton_tests::unique("s3-checkpointed-words");
+    a.api.upload_plugin("word-count", "word-count", "1").await?;
+    a.api
+        .create_pipeline(json!({
+            "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
+            "stores": ["counts"], "slots": 2, "partitions": 1, "guarantee": "exactly-once",
+            "checkpoint_interval_s": 0
+        }))
+        .await?;
+    let producer = TestProducer::new()?;
+    let mut sent = Vec::new();
+    send(&producer, &input, &mut sent, words(3000, 400, 11), &a.api).await?;
+    let first = checkpoint(&a.api).await?;
+    assert_eq!(first["seq"], 1, "{first}");
+    send(&producer, &input, &mut sent, words(500, 20, 12), &a.api).await?;
+    let second = checkpoint(&a.api).await?;
+    assert_eq!(second["seq"], 2, "{second}");
+    assert!(second["files_reused"].as_u64() > Some(0), "{second}");
+
+    // In the bucket, under the URL's prefix: the two manifests and the files they name.
+    let keys = s3.keys("cluster-1/wc/").await?;
+    let manifests = keys
+        .iter()
+        .filter(|k| k.contains("/wc-0/manifests/"))
+        .count();
+    assert_eq!(manifests, 2, "{keys:?}");
+    let listed = a.api.get("/api/v1/partitions/wc-0/checkpoints").await?;
+    for m in listed.body.as_array().into_iter().flatten() {
+        for f in m["files"].as_array().into_iter().flatten() {
+            let object = f["object"].as_str().unwrap_or_default();
+            assert!(
+                keys.iter()
+                    .any(|k| k.ends_with(&format!("/wc-0/files/{object}"))),
+                "{object} is not in the bucket: {keys:?}"
+            );
+        }
+    }
+
+    // The third checkpoint is killed with its host after its uploads, before its manifest.
+    send(&producer, &input, &mut sent, words(500, 400, 13), &a.api).await?;
+    let held = {
+        let api = a.api.clone();
+        tokio::spawn(async move { checkpoint(&api).await })
+    };
+    wait_for("checkpoint 3 held", Duration::from_secs(60), || async {
+        let log = std::fs::read_to_string(&reached).unwrap_or_default();
+        Ok(log.contains("checkpoint.upload wc-0/3").then_some(()))
+    })
+    .await?;
+    let partial = s3.keys("cluster-1/wc/").await?;
+    assert!(
+        partial.len() > keys.len(),
+        "the held checkpoint uploaded its files"
+    );
+    a.kill9()?;
+    assert!(
+        held.await?.is_err(),
+        "a checkpoint whose host died answers no success"
+    );
+
+    // Another host, with no state of the partition, restores it from the bucket: checkpoint
+    // 2, the last with a manifest.
+    let b = start("b", env.clone()).await?;
+    let restored = wait_for("wc-0 running on b", Duration::from_secs(90), || async {
+        let p = row(&b.api).await?;
+        Ok((p["owner"] == "b" && p["state"] == "running").then_some(p))
+    })
+    .await?;
+    assert_eq!(restored["restored_from"]["seq"], 2, "{restored}");
+    assert!(
+        restored["restore"]["done"].as_u64().unwrap_or(u64::MAX) <= 500,
+        "{restored}"
+    );
+    b.api
+        .wait_caught_up("wc", sent.len() as u64, Duration::from_secs(90))
+        .await?;
+    assert_counts(&b.api, &sent).await?;
+
+    // b's checkpoints go on from 3; once the three retained are all b's, garbage collection
+    // has deleted the files of the one that never got its manifest.
+    for seq in 3..=5 {
+        send(
+            &producer,
+            &input,
+            &mut sent,
+            words(200, 50, 20 + seq),
+            &b.api,
+        )
+        .await?;
+        let c = checkpoint(&b.api).await?;
+        assert_eq!(c["seq"], seq, "{c}");
+    }
+    let listed = b.api.get("/api/v1/partitions/wc-0/checkpoints").await?;
+    let manifests = listed.body.as_array().cloned().unwrap_or_default();
+    let seqs: Vec<u64> = manifests.iter().filter_map(|m| m["seq"].as_u64()).collect();
+    assert_eq!(seqs, vec![3, 4, 5]);
+    let named: BTreeSet<String> = manifests
+        .iter()
+        .flat_map(|m| m["files"].as_array().cloned().unwrap_or_default())
+        .filter_map(|f| f["object"].as_str().map(str::to_string))
+        .collect();
+    let stored: BTreeSet<String> = s3
+        .keys("cluster-1/wc/")
+        .await?
+        .iter()
+        .filter_map(|k| k.split("/wc-0/files/").nth(1).map(str::to_string))
+        .collect();
+    assert_eq!(stored, named);
+    assert_counts(&b.api, &sent).await?;
+    b.terminate()?;
+    Ok(())
+}

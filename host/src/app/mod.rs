@@ -234,6 +234,7 @@ impl Baton {
             peers.clone(),
             catalog_handle.clone(),
             host_id.clone(),
+            steps.clone(),
         );
         let background_stop = Arc::new(AtomicBool::new(false));
         let cluster = crate::cluster::Hosts::new(host_id.clone());

@@ -27,6 +27,7 @@ pub struct Checkpoints {
     peers: Arc<Peers>,
     catalog: Arc<Mutex<Catalog>>,
     host_id: String,
+    steps: Arc<crate::steps::Steps>,
     /// Per partition: when this host started it or last checkpointed it, for the interval.
     last: Mutex<HashMap<String, (Arc<super::status::PartitionStatus>, Instant)>>,
     stop: Arc<AtomicBool>,
@@ -39,12 +40,14 @@ impl Checkpoints {
         peers: Arc<Peers>,
         catalog: Arc<Mutex<Catalog>>,
         host_id: String,
+        steps: Arc<crate::steps::Steps>,
     ) -> Arc<Self> {
         Arc::new(Checkpoints {
             store,
             peers,
             catalog,
             host_id,
+            steps,
             last: Default::default(),
             stop: Default::default(),
         })
@@ -121,9 +124,13 @@ impl Checkpoints {
     }
 
     fn take(&self, h: &PartitionHandle, p: &PartitionRef) -> Result<CheckpointInfo> {
+        let hold = |seq: u64| {
+            self.steps
+                .pass(crate::steps::CHECKPOINT_UPLOAD, &format!("{}/{seq}", h.id))
+        };
         let info = self
             .store
-            .take(&h.db, p, &self.host_id)
+            .take_with(&h.db, p, &self.host_id, &hold)
             .map_err(|e| Error::Unavailable(format!("checkpoint of `{}`: {e}", h.id)))?;
         tracing::info!(
             partition = %h.id,

@@ -44,6 +44,8 @@ const DIR_ID_FILE: &str = "BATON-DIR-ID";
 const RESTORED_FILE: &str = "BATON-RESTORED.json";
 /// Files of a database directory that are baton's, not RocksDB's: never in a checkpoint.
 const OWN_FILES: [&str; 2] = [DIR_ID_FILE, RESTORED_FILE];
+/// Files uploaded or read at once.
+const CONCURRENCY: usize = 4;
 /// Files are uploaded and read in parts of this size.
 const PART: usize = 8 << 20;
 /// A checkpoint older than this is not restored: the changelog's tombstones are kept for
@@ -90,6 +92,9 @@ pub struct Manifest {
     pub taken_at: i64,
     /// How long it took (ms): the RocksDB checkpoint, the uploads and the manifest.
     pub duration_ms: f64,
+    /// Of that, the RocksDB checkpoint (ms): memtables flushed, files linked.
+    #[serde(default)]
+    pub rocksdb_ms: f64,
     /// Per slot of each input topic (`<topic>/<slot>`): the next input offset.
     pub input_offsets: BTreeMap<String, u64>,
     /// Per slot of each store (`<store>/<slot>`): the next changelog offset.
@@ -120,6 +125,8 @@ pub struct CheckpointInfo {
     pub taken_at: i64,
     /// How long it took (ms).
     pub duration_ms: f64,
+    /// Of that, the RocksDB checkpoint (ms): memtables flushed, files linked.
+    pub rocksdb_ms: f64,
     /// Bytes uploaded for it.
     pub uploaded_bytes: u64,
     /// Files uploaded for it.
@@ -237,6 +244,16 @@ impl CheckpointStore {
     /// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT`,
     /// `AWS_ALLOW_HTTP`, ...). Keeps `retain` checkpoints per partition.
     pub fn open(url: &str, retain: usize) -> std::result::Result<Self, String> {
+        Self::open_with(url, retain, &[])
+    }
+
+    /// [`CheckpointStore::open`], with `options` for an object store beside what the
+    /// environment says (`object_store`'s keys, as `aws_endpoint`).
+    pub fn open_with(
+        url: &str,
+        retain: usize,
+        options: &[(String, String)],
+    ) -> std::result::Result<Self, String> {
         if retain == 0 {
             return Err("--checkpoint-retain must be at least 1".into());
         }
@@ -248,7 +265,14 @@ impl CheckpointStore {
                     "checkpoint store {url}: no bucket; use s3://BUCKET/PREFIX"
                 ));
             }
-            let s3 = object_store::aws::AmazonS3Builder::from_env()
+            let mut builder = object_store::aws::AmazonS3Builder::from_env();
+            for (k, v) in options {
+                let key: object_store::aws::AmazonS3ConfigKey = k
+                    .parse()
+                    .map_err(|e| format!("checkpoint store {url}: option {k}: {e}"))?;
+                builder = builder.with_config(key, v);
+            }
+            let s3 = builder
                 .with_bucket_name(bucket)
                 .build()
                 .map_err(|e| format!("checkpoint store {url}: {e}"))?;
@@ -370,6 +394,18 @@ impl CheckpointStore {
     /// the partition's checkpoints beyond the retention are deleted with the files only they
     /// named.
     pub fn take(&self, db: &PartitionDb, p: &PartitionRef, host: &str) -> Result<CheckpointInfo> {
+        self.take_with(db, p, host, &|_| {})
+    }
+
+    /// [`CheckpointStore::take`], calling `before_manifest(seq)` once the checkpoint's files
+    /// are in the store and before its manifest is written (where a test holds it).
+    pub fn take_with(
+        &self,
+        db: &PartitionDb,
+        p: &PartitionRef,
+        host: &str,
+        before_manifest: &(dyn Fn(u64) + Sync),
+    ) -> Result<CheckpointInfo> {
         let started = Instant::now();
         let known = self.known(p);
         // One checkpoint of a partition at a time.
@@ -379,7 +415,15 @@ impl CheckpointStore {
             std::fs::remove_dir_all(&local).map_err(|e| io(local.display(), e))?;
         }
         db.create_checkpoint(&local)?;
-        let result = self.upload(db, p, host, &local, started, &mut known);
+        let rocksdb_ms = started.elapsed().as_secs_f64() * 1e3;
+        let result = self.upload(
+            db,
+            p,
+            host,
+            (&local, started, rocksdb_ms),
+            &mut known,
+            before_manifest,
+        );
         let _ = std::fs::remove_dir_all(&local);
         result
     }
@@ -389,9 +433,9 @@ impl CheckpointStore {
         db: &PartitionDb,
         p: &PartitionRef,
         host: &str,
-        local: &Path,
-        started: Instant,
+        (local, started, rocksdb_ms): (&Path, Instant, f64),
         known: &mut Known,
+        before_manifest: &(dyn Fn(u64) + Sync),
     ) -> Result<CheckpointInfo> {
         let (input_offsets, changelog_offsets) = read_offsets(local, db.stores())?;
         let dir_id = dir_id(db.path())?;
@@ -417,6 +461,7 @@ impl CheckpointStore {
             names.sort();
             let mut files = Vec::with_capacity(names.len());
             let (mut uploaded_bytes, mut files_uploaded, mut files_reused) = (0u64, 0usize, 0);
+            let mut uploads = Vec::new();
             for name in names {
                 let object = if name.ends_with(".sst") {
                     restored
@@ -429,20 +474,33 @@ impl CheckpointStore {
                 if let Some(f) = known.files.get(&object) {
                     files.push(CheckpointFile { name, ..f.clone() });
                     files_reused += 1;
-                    continue;
+                } else {
+                    uploads.push((name, object));
                 }
-                let path = local.join(&name);
-                let location = ObjectPath::from(format!("{}/files/{object}", p.prefix()));
-                let (size, crc32) = self.put_file(&path, &location).await?;
-                uploaded_bytes += size;
-                files_uploaded += 1;
-                files.push(CheckpointFile {
-                    name,
-                    object,
-                    size,
-                    crc32,
-                });
             }
+            // Several files at once: an object store's round trips overlap.
+            let uploaded: Vec<Result<CheckpointFile>> = futures_util::stream::iter(uploads)
+                .map(|(name, object)| async move {
+                    let path = local.join(&name);
+                    let location = ObjectPath::from(format!("{}/files/{object}", p.prefix()));
+                    let (size, crc32) = self.put_file(&path, &location).await?;
+                    Ok(CheckpointFile {
+                        name,
+                        object,
+                        size,
+                        crc32,
+                    })
+                })
+                .buffer_unordered(CONCURRENCY)
+                .collect()
+                .await;
+            for f in uploaded {
+                let f = f?;
+                uploaded_bytes += f.size;
+                files_uploaded += 1;
+                files.push(f);
+            }
+            files.sort_by(|a, b| a.name.cmp(&b.name));
             let manifest = Manifest {
                 format: FORMAT,
                 pipeline: p.pipeline.clone(),
@@ -454,6 +512,7 @@ impl CheckpointStore {
                 host: host.to_string(),
                 taken_at: crate::control::now_ms(),
                 duration_ms: started.elapsed().as_secs_f64() * 1e3,
+                rocksdb_ms,
                 input_offsets,
                 changelog_offsets,
                 uploaded_bytes,
@@ -461,6 +520,7 @@ impl CheckpointStore {
                 files_reused,
                 files,
             };
+            before_manifest(seq);
             let location = ObjectPath::from(format!("{}/manifests/{seq:020}.json", p.prefix()));
             let body = serde_json::to_vec_pretty(&manifest).expect("a manifest serializes");
             self.store
@@ -478,6 +538,7 @@ impl CheckpointStore {
                 seq,
                 taken_at: manifest.taken_at,
                 duration_ms: started.elapsed().as_secs_f64() * 1e3,
+                rocksdb_ms,
                 uploaded_bytes,
                 files_uploaded,
                 files_reused,
@@ -485,6 +546,30 @@ impl CheckpointStore {
                 retained,
                 files_deleted,
             })
+        })
+    }
+
+    /// Reads every object of checkpoint `seq` of `p` and throws the bytes away, as a bare
+    /// client of the store would: the seconds it took (the ceiling a restore is measured
+    /// against).
+    pub fn read_all(&self, p: &PartitionRef, seq: u64) -> Result<f64> {
+        self.block(async {
+            let location = ObjectPath::from(format!("{}/manifests/{seq:020}.json", p.prefix()));
+            let m = self.read_manifest(&location).await?;
+            let started = Instant::now();
+            for f in &m.files {
+                let location = ObjectPath::from(format!("{}/files/{}", p.prefix(), f.object));
+                let mut stream = self
+                    .store
+                    .get(&location)
+                    .await
+                    .map_err(|e| self.err(e))?
+                    .into_stream();
+                while let Some(chunk) = stream.next().await {
+                    chunk.map_err(|e| self.err(e))?;
+                }
+            }
+            Ok(started.elapsed().as_secs_f64())
         })
     }
 
@@ -748,6 +833,66 @@ impl CheckpointStore {
         Ok(())
     }
 
+    /// Reads file `f` of a checkpoint of `p` into the directory `dir`, and checks its size and
+    /// CRC-32. From a local store an SST file is read for its CRC-32 and hard-linked.
+    async fn fetch_file(&self, p: &PartitionRef, f: &CheckpointFile, dir: &Path) -> Result<()> {
+        let location = ObjectPath::from(format!("{}/files/{}", p.prefix(), f.object));
+        let target = dir.join(&f.name);
+        let mut crc = crc32fast::Hasher::new();
+        let mut size = 0u64;
+        let linked = match self
+            .local_root
+            .as_ref()
+            .filter(|_| f.name.ends_with(".sst"))
+        {
+            Some(root) => {
+                let source = root.join(location.as_ref());
+                match std::fs::File::open(&source) {
+                    Ok(mut file) => {
+                        let mut buf = vec![0u8; 1 << 20];
+                        loop {
+                            let n = file.read(&mut buf).map_err(|e| io(source.display(), e))?;
+                            if n == 0 {
+                                break;
+                            }
+                            crc.update(&buf[..n]);
+                            size += n as u64;
+                        }
+                        std::fs::hard_link(&source, &target).is_ok()
+                    }
+                    Err(_) => false,
+                }
+            }
+            None => false,
+        };
+        if !linked {
+            crc = crc32fast::Hasher::new();
+            size = 0;
+            let mut out = std::fs::File::create(&target).map_err(|e| io(target.display(), e))?;
+            let mut stream = self
+                .store
+                .get(&location)
+                .await
+                .map_err(|e| self.err(e))?
+                .into_stream();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| self.err(e))?;
+                crc.update(&chunk);
+                size += chunk.len() as u64;
+                out.write_all(&chunk).map_err(|e| io(target.display(), e))?;
+            }
+        }
+        let crc = crc.finalize();
+        if size != f.size || crc != f.crc32 {
+            return Err(CheckpointError::Io(format!(
+                "file {} ({}) has {size} bytes with CRC-32 {crc:08x}, the manifest says {} bytes \
+                 with {:08x}",
+                f.name, f.object, f.size, f.crc32
+            )));
+        }
+        Ok(())
+    }
+
     /// Reads the files of `m` into a new directory, checks each one's size and CRC-32, and
     /// puts the directory at `path`.
     async fn fetch(&self, m: &Manifest, p: &PartitionRef, path: &Path) -> Result<()> {
@@ -757,38 +902,19 @@ impl CheckpointStore {
         }
         std::fs::create_dir_all(&tmp).map_err(|e| io(tmp.display(), e))?;
         let fetched = async {
-            let mut objects = BTreeMap::new();
-            for f in &m.files {
-                let location = ObjectPath::from(format!("{}/files/{}", p.prefix(), f.object));
-                let target = tmp.join(&f.name);
-                let mut out =
-                    std::fs::File::create(&target).map_err(|e| io(target.display(), e))?;
-                let mut stream = self
-                    .store
-                    .get(&location)
-                    .await
-                    .map_err(|e| self.err(e))?
-                    .into_stream();
-                let mut crc = crc32fast::Hasher::new();
-                let mut size = 0u64;
-                while let Some(chunk) = stream.next().await {
-                    let chunk = chunk.map_err(|e| self.err(e))?;
-                    crc.update(&chunk);
-                    size += chunk.len() as u64;
-                    out.write_all(&chunk).map_err(|e| io(target.display(), e))?;
-                }
-                let crc = crc.finalize();
-                if size != f.size || crc != f.crc32 {
-                    return Err(CheckpointError::Io(format!(
-                        "file {} ({}) has {size} bytes with CRC-32 {crc:08x}, the manifest says \
-                         {} bytes with {:08x}",
-                        f.name, f.object, f.size, f.crc32
-                    )));
-                }
-                if f.name.ends_with(".sst") {
-                    objects.insert(f.name.clone(), f.object.clone());
-                }
-            }
+            let dir: &Path = &tmp;
+            let results: Vec<Result<()>> = futures_util::stream::iter(m.files.clone())
+                .map(|f| async move { self.fetch_file(p, &f, dir).await })
+                .buffer_unordered(CONCURRENCY)
+                .collect()
+                .await;
+            results.into_iter().collect::<Result<Vec<()>>>()?;
+            let objects: BTreeMap<&str, &str> = m
+                .files
+                .iter()
+                .filter(|f| f.name.ends_with(".sst"))
+                .map(|f| (f.name.as_str(), f.object.as_str()))
+                .collect();
             let restored = serde_json::to_vec(&objects).expect("a map serializes");
             std::fs::write(tmp.join(RESTORED_FILE), restored).map_err(|e| io(tmp.display(), e))?;
             Ok(())

@@ -625,6 +625,17 @@ impl PartitionDb {
         }
     }
 
+    /// The level of each live SST file, by name (`000123.sst`): level 0 from flushes, lower
+    /// ones from compactions.
+    pub fn sst_levels(&self) -> std::collections::HashMap<String, i32> {
+        self.db
+            .live_files()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|f| (f.name.trim_start_matches('/').to_string(), f.level))
+            .collect()
+    }
+
     /// A RocksDB checkpoint of the database at `dir` (which must not exist): memtables
     /// flushed, SST files hard-linked. It holds the state and offsets of one commit.
     pub fn create_checkpoint(&self, dir: &Path) -> Result<()> {
