@@ -155,6 +155,23 @@ async fn checkpoints_share_files_are_collected_and_restore_a_new_host_exactly_wi
     assert!(third["files_deleted"].as_u64() > Some(0), "{third}");
     let shown = row(&a.api).await?;
     assert_eq!(shown["last_checkpoint"]["seq"], 3, "{shown}");
+    let metrics = a.api.get_text("/metrics").await?.1;
+    let metric = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{")) && l.contains("partition=\"wc-0\""))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    assert_eq!(metric("baton_checkpoints_total"), Some(3.0), "{metrics}");
+    let uploaded = ["first", "second", "third"]
+        .iter()
+        .zip([&first, &second, &third])
+        .map(|(_, c)| c["uploaded_bytes"].as_f64().unwrap_or(0.0))
+        .sum::<f64>();
+    assert_eq!(
+        metric("baton_checkpoint_uploaded_bytes_total"),
+        Some(uploaded)
+    );
 
     // Retention: checkpoints 2 and 3, and exactly the files they name.
     let listed = a.api.get("/api/v1/partitions/wc-0/checkpoints").await?;
@@ -194,6 +211,12 @@ async fn checkpoints_share_files_are_collected_and_restore_a_new_host_exactly_wi
     })
     .await?;
     assert_eq!(restored["restored_from"]["seq"], 3, "{restored}");
+    // The newest checkpoint in the store shows until this host takes one.
+    wait_for("b shows checkpoint 3", Duration::from_secs(10), || async {
+        let p = row(&b.api).await?;
+        Ok((p["last_checkpoint"]["seq"] == 3).then_some(()))
+    })
+    .await?;
     assert_eq!(
         restored["restored_from"]["skipped"]
             .as_array()

@@ -62,6 +62,60 @@ fn text(baton: &crate::Baton) -> String {
         per(&|h| load(&h.status.dead_letters)),
     );
     family(
+        "baton_checkpoints_total",
+        "counter",
+        "Checkpoints of the partition taken on this host.",
+        per(&|h| load(&h.status.checkpoints)),
+    );
+    family(
+        "baton_checkpoint_failures_total",
+        "counter",
+        "Checkpoints of the partition that failed on this host.",
+        per(&|h| load(&h.status.checkpoint_failures)),
+    );
+    family(
+        "baton_checkpoint_uploaded_bytes_total",
+        "counter",
+        "Bytes the partition's checkpoints uploaded to the checkpoint store.",
+        per(&|h| load(&h.status.checkpoint_uploaded_bytes)),
+    );
+    family(
+        "baton_checkpoint_last_seconds",
+        "gauge",
+        "Duration of the partition's last checkpoint.",
+        per(&|h| {
+            h.status
+                .last_checkpoint
+                .lock()
+                .as_ref()
+                .map_or(0.0, |c| c.duration_ms / 1e3)
+        }),
+    );
+    family(
+        "baton_checkpoint_last_timestamp_seconds",
+        "gauge",
+        "When the partition's last checkpoint was taken (Unix time; 0: none).",
+        per(&|h| {
+            h.status
+                .last_checkpoint
+                .lock()
+                .as_ref()
+                .map_or(0.0, |c| c.taken_at as f64 / 1e3)
+        }),
+    );
+    family(
+        "baton_checkpoint_size_bytes",
+        "gauge",
+        "Bytes of the partition's last checkpoint: its state's size on disk.",
+        per(&|h| {
+            h.status
+                .last_checkpoint
+                .lock()
+                .as_ref()
+                .map_or(0.0, |c| c.size_bytes as f64)
+        }),
+    );
+    family(
         "baton_batches_total",
         "counter",
         "Batches committed.",

@@ -101,18 +101,22 @@ impl Checkpoints {
             let Some((interval, p)) = self.of(&h) else {
                 continue;
             };
-            let due = {
-                let mut last = self.last.lock();
-                let (status, at) = last
-                    .entry(h.id.clone())
-                    .or_insert_with(|| (h.status.clone(), Instant::now()));
-                if !Arc::ptr_eq(status, &h.status) {
-                    // Started again here since: its interval starts again.
-                    *status = h.status.clone();
-                    *at = Instant::now();
-                }
+            let known = self
+                .last
+                .lock()
+                .get(&h.id)
+                .is_some_and(|(status, _)| Arc::ptr_eq(status, &h.status));
+            if !known {
+                // Started here since the last look: its interval runs from the newest
+                // checkpoint in the store, which the partition table shows until the next.
+                let since = self.newest(&h, &p);
+                self.last
+                    .lock()
+                    .insert(h.id.clone(), (h.status.clone(), since));
+            }
+            let due = self.last.lock().get(&h.id).is_some_and(|(_, at)| {
                 interval > 0 && at.elapsed() >= Duration::from_secs(interval)
-            };
+            });
             if due && let Err(e) = self.take(&h, &p) {
                 tracing::warn!(partition = %h.id, "checkpoint: {e}");
             }
@@ -123,7 +127,54 @@ impl Checkpoints {
         self.last.lock().retain(|id, _| here.contains(id));
     }
 
+    /// When the partition's newest checkpoint in the store was taken (now, when it has none or
+    /// the store cannot say), and it goes in the partition's status.
+    fn newest(&self, h: &PartitionHandle, p: &PartitionRef) -> Instant {
+        let manifests = match self.store.manifests(p) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(partition = %h.id, "checkpoint store: {e}");
+                return Instant::now();
+            }
+        };
+        let Some(newest) = manifests.last() else {
+            return Instant::now();
+        };
+        h.status
+            .last_checkpoint
+            .lock()
+            .get_or_insert_with(|| newest.info(manifests.len()));
+        let age = crate::control::now_ms()
+            .saturating_sub(newest.taken_at)
+            .max(0) as u64;
+        Instant::now()
+            .checked_sub(Duration::from_millis(age))
+            .unwrap_or_else(Instant::now)
+    }
+
     fn take(&self, h: &PartitionHandle, p: &PartitionRef) -> Result<CheckpointInfo> {
+        let taken = self.take_inner(h, p);
+        match &taken {
+            Ok(info) => {
+                h.status.checkpoints.fetch_add(1, Ordering::Relaxed);
+                h.status
+                    .checkpoint_uploaded_bytes
+                    .fetch_add(info.uploaded_bytes, Ordering::Relaxed);
+                *h.status.checkpoint_error.lock() = None;
+            }
+            Err(e) => {
+                h.status.checkpoint_failures.fetch_add(1, Ordering::Relaxed);
+                *h.status.checkpoint_error.lock() = Some(e.to_string());
+                // The next try waits for a full interval, not a tick.
+                self.last
+                    .lock()
+                    .insert(h.id.clone(), (h.status.clone(), Instant::now()));
+            }
+        }
+        taken
+    }
+
+    fn take_inner(&self, h: &PartitionHandle, p: &PartitionRef) -> Result<CheckpointInfo> {
         let hold = |seq: u64| {
             self.steps
                 .pass(crate::steps::CHECKPOINT_UPLOAD, &format!("{}/{seq}", h.id))

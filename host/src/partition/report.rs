@@ -66,9 +66,13 @@ pub struct PartitionInfo {
     /// Its last moves, oldest first.
     #[serde(default)]
     pub moves: Vec<crate::control::MoveRecord>,
-    /// Its last checkpoint, taken by its owner since the owner started it.
+    /// Its last checkpoint: taken by its owner, or the newest in the owner's checkpoint store
+    /// when the owner started it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_checkpoint: Option<crate::state::checkpoint::CheckpointInfo>,
+    /// Why its owner's last checkpoint failed, until one succeeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_error: Option<String>,
     /// The checkpoint its owner restored its state from when it started it (the changelogs
     /// then restored the rest from the checkpoint's offsets), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -102,6 +106,7 @@ impl PartitionInfo {
             last_pause_ms: None,
             moves: Vec::new(),
             last_checkpoint: None,
+            checkpoint_error: None,
             restored_from: None,
         }
     }

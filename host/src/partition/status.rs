@@ -83,8 +83,16 @@ pub struct PartitionStatus {
     pub steps: Mutex<Vec<(&'static str, Instant)>>,
     /// The checkpoint its database was restored from when it started here, if any.
     pub restored_from: Mutex<Option<crate::state::checkpoint::Restored>>,
-    /// Its last checkpoint taken here.
+    /// Its last checkpoint (taken here, or the newest in the store when it started here).
     pub last_checkpoint: Mutex<Option<crate::state::checkpoint::CheckpointInfo>>,
+    /// Why its last checkpoint here failed, until one succeeds.
+    pub checkpoint_error: Mutex<Option<String>>,
+    /// Checkpoints taken here since it started here.
+    pub checkpoints: AtomicU64,
+    /// Checkpoints that failed here since it started here.
+    pub checkpoint_failures: AtomicU64,
+    /// Bytes its checkpoints here uploaded.
+    pub checkpoint_uploaded_bytes: AtomicU64,
 }
 
 /// Cumulative time of the partition loop by step, in microseconds.
@@ -176,6 +184,10 @@ impl PartitionStatus {
             steps: Mutex::new(Vec::new()),
             restored_from: Mutex::new(None),
             last_checkpoint: Mutex::new(None),
+            checkpoint_error: Mutex::new(None),
+            checkpoints: AtomicU64::new(0),
+            checkpoint_failures: AtomicU64::new(0),
+            checkpoint_uploaded_bytes: AtomicU64::new(0),
         }
     }
 }

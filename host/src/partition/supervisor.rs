@@ -747,6 +747,7 @@ impl Supervisor {
                     last_pause_ms: None,
                     moves: Vec::new(),
                     last_checkpoint: h.status.last_checkpoint.lock().clone(),
+                    checkpoint_error: h.status.checkpoint_error.lock().clone(),
                     restored_from: h.status.restored_from.lock().clone(),
                 }
             })

@@ -114,6 +114,22 @@ impl Manifest {
     pub fn size(&self) -> u64 {
         self.files.iter().map(|f| f.size).sum()
     }
+
+    /// What the partition table shows of it, with `retained` checkpoints kept.
+    pub fn info(&self, retained: usize) -> CheckpointInfo {
+        CheckpointInfo {
+            seq: self.seq,
+            taken_at: self.taken_at,
+            duration_ms: self.duration_ms,
+            rocksdb_ms: self.rocksdb_ms,
+            uploaded_bytes: self.uploaded_bytes,
+            files_uploaded: self.files_uploaded,
+            files_reused: self.files_reused,
+            size_bytes: self.size(),
+            retained,
+            files_deleted: 0,
+        }
+    }
 }
 
 /// A partition's last checkpoint, as `GET /api/v1/partitions` shows it.
