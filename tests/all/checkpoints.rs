@@ -474,3 +474,126 @@ async fn checkpoints_in_an_s3_compatible_store_restore_on_another_host_after_a_k
     b.terminate()?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewind_after_a_bad_version_leaves_the_checkpoint_plus_the_input_processed_again()
+-> anyhow::Result<()> {
+    let _k = kafka_shared().await;
+    let dir = tempfile::tempdir()?;
+    let flags = ["--kafka", &kafka_bootstrap(), "--host-id", "a"];
+    let a = ChildHost::start_with(
+        &dir.path().join("a"),
+        &cluster_name(dir.path()),
+        "64MiB",
+        &flags,
+        &[],
+    )
+    .await?;
+    let input = baton_tests::unique("rewound-words");
+    a.api.upload_plugin("word-count", "word-count", "1").await?;
+    // The bad version: counts, but fails the records whose value is `x` (dead letters).
+    a.api.upload_plugin("fail-on", "word-count", "2").await?;
+    a.api
+        .create_pipeline(json!({
+            "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
+            "stores": ["counts"], "slots": 2, "partitions": 1, "guarantee": "exactly-once",
+            "checkpoint_interval_s": 0, "config": {"value": "x"},
+            "swap": {"max_failure_share": 1.0}
+        }))
+        .await?;
+    let producer = TestProducer::new()?;
+    let mut sent = Vec::new();
+    send(&producer, &input, &mut sent, words(2000, 200, 31), &a.api).await?;
+    let good = checkpoint(&a.api).await?;
+    assert_eq!(good["seq"], 1, "{good}");
+
+    // The bad version counts the `y` records and drops the `x` ones.
+    let swapped = a
+        .api
+        .put_json("/api/v1/pipelines/wc/module", &json!({"version": "2"}))
+        .await?;
+    assert_eq!(swapped.status, 200, "{swapped:?}");
+    let after: Vec<(String, String)> = words(1000, 200, 32)
+        .into_iter()
+        .enumerate()
+        .map(|(i, w)| (w, if i % 2 == 0 { "x" } else { "y" }.to_string()))
+        .collect();
+    producer.send(&input, 2, &after).await?;
+    sent.extend(after.iter().map(|(w, _)| w.clone()));
+    a.api
+        .wait_caught_up("wc", sent.len() as u64, Duration::from_secs(90))
+        .await?;
+    let first = &after[0].0;
+    let want_all = sent.iter().filter(|w| *w == first).count() as i64;
+    assert!(
+        a.api.counter("wc", "counts", first).await? < Some(want_all),
+        "the bad version dropped records"
+    );
+
+    // Back to the good version, and back to the checkpoint taken before the bad one.
+    let back = a
+        .api
+        .put_json("/api/v1/pipelines/wc/module", &json!({"version": "1"}))
+        .await?;
+    assert_eq!(back.status, 200, "{back:?}");
+    let missing = a
+        .api
+        .post_json("/api/v1/pipelines/wc/rewind", &json!({"checkpoints": {}}))
+        .await?;
+    assert_eq!(missing.status, 400, "{missing:?}");
+    assert!(missing.body.to_string().contains("wc-0"), "{missing:?}");
+    let unknown = a
+        .api
+        .post_json(
+            "/api/v1/pipelines/wc/rewind",
+            &json!({"checkpoints": {"wc-0": 9}}),
+        )
+        .await?;
+    assert_eq!(unknown.status, 404, "{unknown:?}");
+    let rewound = a
+        .api
+        .post_json(
+            "/api/v1/pipelines/wc/rewind",
+            &json!({"checkpoints": {"wc-0": 1}}),
+        )
+        .await?;
+    assert_eq!(rewound.status, 200, "{rewound:?}");
+    let report = &rewound.body[0];
+    assert_eq!(report["seq"], 1, "{report}");
+    // The `y` records' counts were put back.
+    assert!(report["keys"].as_u64() > Some(0), "{report}");
+    assert_eq!(
+        report["input_offsets"],
+        good_offsets(&a.api).await?,
+        "{report}"
+    );
+    // Every record after the checkpoint is processed again, by the good version: each counted
+    // once.
+    wait_for(
+        "the input processed again",
+        Duration::from_secs(90),
+        || async {
+            Ok((a.api.counter("wc", "counts", first).await? == Some(want_all)).then_some(()))
+        },
+    )
+    .await?;
+    a.api
+        .wait_caught_up("wc", sent.len() as u64, Duration::from_secs(90))
+        .await?;
+    assert_counts(&a.api, &sent).await?;
+    a.terminate()?;
+    Ok(())
+}
+
+/// The input offsets of checkpoint 1 of `wc-0`.
+async fn good_offsets(api: &baton_tests::Api) -> anyhow::Result<Value> {
+    let listed = api.get("/api/v1/partitions/wc-0/checkpoints").await?;
+    listed
+        .body
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["seq"] == 1)
+        .map(|m| m["input_offsets"].clone())
+        .ok_or_else(|| anyhow::anyhow!("no checkpoint 1: {listed:?}"))
+}

@@ -800,6 +800,16 @@ impl Baton {
         self.checkpoints.take_now(id)
     }
 
+    /// Puts partition `id`, which runs on this host, back to its checkpoint `seq`
+    /// ([`crate::partition::checkpoints::Checkpoints::rewind`]).
+    pub fn rewind_partition(
+        &self,
+        id: &str,
+        seq: u64,
+    ) -> Result<crate::partition::checkpoints::RewindReport> {
+        self.checkpoints.rewind(id, seq)
+    }
+
     /// The host that owns partition `id` by the assignments, with its API's base URL; `None`
     /// when this host does, or no assignment names it.
     pub fn remote_owner(&self, id: &str) -> Option<(String, String)> {

@@ -6,6 +6,7 @@ use serde::Serialize;
 pub use crate::app::{ProduceRecord, Produced};
 pub use crate::control::pipelines::{PipelineInfo, PipelinePatch, PipelinePhase};
 use crate::partition::SwapReport;
+pub use crate::partition::checkpoints::RewindReport;
 pub use crate::partition::report::{CheckpointInfo, Manifest, Restored};
 pub use crate::partition::report::{PartitionInfo, PartitionState, ReplicaInfo, Role};
 

@@ -391,6 +391,40 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
             errors: &[401, 404, 409, 503],
         },
         Op {
+            method: "post",
+            path: "/api/v1/partitions/{id}/rewind",
+            summary: "Puts a partition back to one of its retained checkpoints, on its owner (another host's partition is asked of it): at a batch boundary, every key that differs from the checkpoint is set to the checkpoint's value (or deleted) in one commit with the checkpoint's input offsets, so that RocksDB, the changelogs and the consumer group agree; the partition then processes its input again from those offsets. Outputs sent since stay sent. 404 for a checkpoint not retained; 409 for one whose files fail their check.",
+            params: &[("id", "path", true, "Partition id.", "string")],
+            request: Some((
+                "application/json",
+                s(|g| g.subschema_for::<crate::http::partitions::RewindRequest>()),
+            )),
+            ok: (
+                200,
+                "application/json",
+                Some(s(|g| g.subschema_for::<crate::http::model::RewindReport>())),
+            ),
+            errors: &[400, 401, 404, 409, 503],
+        },
+        Op {
+            method: "post",
+            path: "/api/v1/pipelines/{pipeline}/rewind",
+            summary: "Puts every partition of a pipeline back to a retained checkpoint (each named in `checkpoints`), each on its owner as POST /api/v1/partitions/{id}/rewind does: the way back from a bad deploy (swap back first, so that the input is processed again by the good version). Outputs sent since stay sent. 400 when a partition is missing or not of the pipeline.",
+            params: &[P_PIPELINE],
+            request: Some((
+                "application/json",
+                s(|g| g.subschema_for::<crate::http::pipelines::PipelineRewind>()),
+            )),
+            ok: (
+                200,
+                "application/json",
+                Some(arr(s(|g| {
+                    g.subschema_for::<crate::http::model::RewindReport>()
+                }))),
+            ),
+            errors: &[400, 401, 404, 409, 503],
+        },
+        Op {
             method: "get",
             path: "/api/v1/partitions/{id}/checkpoints",
             summary: "A partition's retained checkpoints in this host's checkpoint store, oldest first: each manifest with its input and changelog offsets and its files (object, size, CRC-32).",

@@ -8,7 +8,7 @@ use axum::{Json, Router};
 use super::{AppState, blocking};
 use crate::cluster::moves::{DrainRequest, Drained, MoveAccepted, MoveRequest};
 use crate::http::ApiError;
-use crate::http::model::{CheckpointInfo, Manifest, PartitionInfo};
+use crate::http::model::{CheckpointInfo, Manifest, PartitionInfo, RewindReport};
 
 pub(super) fn router() -> Router<AppState> {
     Router::new()
@@ -17,10 +17,68 @@ pub(super) fn router() -> Router<AppState> {
         .route("/api/v1/partitions/{id}/drain", post(drain))
         .route("/api/v1/partitions/{id}/checkpoint", post(checkpoint))
         .route("/api/v1/partitions/{id}/checkpoints", get(checkpoints))
+        .route("/api/v1/partitions/{id}/rewind", post(rewind))
 }
 
-/// How long a checkpoint asked of another host may take there.
-const REMOTE_CHECKPOINT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+/// How long a call asked of a partition's owner may take there.
+const ON_OWNER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The body of `POST /api/v1/partitions/{id}/rewind`.
+#[derive(Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RewindRequest {
+    /// The retained checkpoint to go back to (its `seq`).
+    pub seq: u64,
+}
+
+/// Where partition `id` runs on another host: that host's answer to `POST {path}` with `body`
+/// (and the caller's token); `None` when it runs here (or the call was forwarded here).
+pub(super) async fn on_owner<T: serde::de::DeserializeOwned>(
+    baton: &AppState,
+    id: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+    headers: &axum::http::HeaderMap,
+) -> Option<Result<T, ApiError>> {
+    if headers.contains_key(super::forward::FORWARDED_BY) {
+        return None;
+    }
+    let (owner, url) = baton.remote_owner(id)?;
+    let unavailable = |why: String| {
+        ApiError::from(crate::error::Error::Unavailable(format!(
+            "host {owner} ({url}) owns `{id}` and could not answer: {why}"
+        )))
+    };
+    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    let mut req = CLIENT
+        .get_or_init(reqwest::Client::new)
+        .post(format!("{url}{path}"))
+        .header(super::forward::FORWARDED_BY, baton.host_id())
+        .timeout(ON_OWNER_TIMEOUT);
+    if let Some(auth) = headers.get(axum::http::header::AUTHORIZATION) {
+        req = req.header(axum::http::header::AUTHORIZATION, auth.clone());
+    }
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let answer = async {
+        let resp = req.send().await.map_err(|e| unavailable(e.to_string()))?;
+        let status = resp.status();
+        let body = resp.bytes().await.map_err(|e| unavailable(e.to_string()))?;
+        if status.is_success() {
+            return serde_json::from_slice(&body).map_err(|e| unavailable(e.to_string()));
+        }
+        let text = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_string))
+            .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+        Err(ApiError::new(
+            StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY),
+            text,
+        ))
+    };
+    Some(answer.await)
+}
 
 /// Takes a checkpoint of the partition now, on its owner (another host's partition is asked of
 /// it, with the caller's token): what is pending commits first.
@@ -29,41 +87,31 @@ async fn checkpoint(
     Path(id): Path<String>,
     headers: axum::http::HeaderMap,
 ) -> Result<Json<CheckpointInfo>, ApiError> {
-    let forwarded = headers.contains_key(super::forward::FORWARDED_BY);
-    if !forwarded && let Some((owner, url)) = baton.remote_owner(&id) {
-        let unavailable = |why: String| {
-            ApiError::from(crate::error::Error::Unavailable(format!(
-                "host {owner} ({url}) owns `{id}` and could not take its checkpoint: {why}"
-            )))
-        };
-        static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
-        let mut req = CLIENT
-            .get_or_init(reqwest::Client::new)
-            .post(format!("{url}/api/v1/partitions/{id}/checkpoint"))
-            .header(super::forward::FORWARDED_BY, baton.host_id())
-            .timeout(REMOTE_CHECKPOINT_TIMEOUT);
-        if let Some(auth) = headers.get(axum::http::header::AUTHORIZATION) {
-            req = req.header(axum::http::header::AUTHORIZATION, auth.clone());
-        }
-        let resp = req.send().await.map_err(|e| unavailable(e.to_string()))?;
-        let status = resp.status();
-        let body = resp.bytes().await.map_err(|e| unavailable(e.to_string()))?;
-        if status.is_success() {
-            return serde_json::from_slice(&body)
-                .map(Json)
-                .map_err(|e| unavailable(e.to_string()));
-        }
-        let text = serde_json::from_slice::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_string))
-            .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
-        return Err(ApiError::new(
-            StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY),
-            text,
-        ));
+    let path = format!("/api/v1/partitions/{id}/checkpoint");
+    if let Some(answer) = on_owner(&baton, &id, &path, None, &headers).await {
+        return answer.map(Json);
     }
     Ok(Json(
         blocking(move || baton.checkpoint_partition(&id)).await?,
+    ))
+}
+
+/// Puts the partition back to one of its retained checkpoints, on its owner: state and input
+/// offsets, at a batch boundary; it then processes again from there.
+async fn rewind(
+    State(baton): State<AppState>,
+    Path(id): Path<String>,
+    headers: axum::http::HeaderMap,
+    body: Result<Json<RewindRequest>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<RewindReport>, ApiError> {
+    let Json(req) = body?;
+    let path = format!("/api/v1/partitions/{id}/rewind");
+    let forward = serde_json::json!({ "seq": req.seq });
+    if let Some(answer) = on_owner(&baton, &id, &path, Some(forward), &headers).await {
+        return answer.map(Json);
+    }
+    Ok(Json(
+        blocking(move || baton.rewind_partition(&id, req.seq)).await?,
     ))
 }
 

@@ -21,6 +21,7 @@ pub(super) fn router() -> Router<AppState> {
         )
         .route("/api/v1/pipelines/{pipeline}/module", put(swap))
         .route("/api/v1/pipelines/{pipeline}/events", get(events))
+        .route("/api/v1/pipelines/{pipeline}/rewind", post(rewind))
         .route(
             "/api/v1/pipelines/{pipeline}/dead-letters/replay",
             post(replay),
@@ -72,6 +73,69 @@ pub(crate) struct ReplayBody {
     from: Option<u64>,
     /// End offset, exclusive (with `slot`); default: the end of the dead-letter topic now.
     to: Option<u64>,
+}
+
+/// The body of `POST /api/v1/pipelines/{p}/rewind`.
+#[derive(Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineRewind {
+    /// Per partition of the pipeline, every one of them: the retained checkpoint (its `seq`)
+    /// to put it back to.
+    pub checkpoints: std::collections::BTreeMap<String, u64>,
+}
+
+/// Puts every partition of the pipeline back to a retained checkpoint, each on its owner at a
+/// batch boundary: state and input offsets together; each then processes again from there.
+/// Outputs sent since stay sent.
+async fn rewind(
+    State(baton): State<AppState>,
+    Path(name): Path<String>,
+    headers: axum::http::HeaderMap,
+    body: Result<Json<PipelineRewind>, JsonRejection>,
+) -> Result<Json<Vec<crate::http::model::RewindReport>>, ApiError> {
+    let Json(req) = body?;
+    let partitions: Vec<String> = {
+        let b = baton.clone();
+        blocking(move || Ok::<_, Error>(b.partitions())).await?
+    }
+    .into_iter()
+    .filter(|p| p.pipeline == name)
+    .map(|p| p.id)
+    .collect();
+    if partitions.is_empty() {
+        return Err(Error::NotFound(format!("pipeline `{name}` has no partitions")).into());
+    }
+    let missing: Vec<&String> = partitions
+        .iter()
+        .filter(|p| !req.checkpoints.contains_key(*p))
+        .collect();
+    let unknown: Vec<&String> = req
+        .checkpoints
+        .keys()
+        .filter(|k| !partitions.contains(k))
+        .collect();
+    if !missing.is_empty() || !unknown.is_empty() {
+        return Err(Error::BadRequest(format!(
+            "name a checkpoint for every partition of `{name}` and no other: missing {missing:?}, \
+             not of the pipeline {unknown:?}"
+        ))
+        .into());
+    }
+    let mut reports = Vec::new();
+    for (id, seq) in req.checkpoints {
+        let path = format!("/api/v1/partitions/{id}/rewind");
+        let body = serde_json::json!({ "seq": seq });
+        let report =
+            match super::partitions::on_owner(&baton, &id, &path, Some(body), &headers).await {
+                Some(answer) => answer?,
+                None => {
+                    let b = baton.clone();
+                    blocking(move || b.rewind_partition(&id, seq)).await?
+                }
+            };
+        reports.push(report);
+    }
+    Ok(Json(reports))
 }
 
 async fn replay(

@@ -20,6 +20,23 @@ use crate::state::checkpoint::{CheckpointInfo, CheckpointStore, PartitionRef};
 const TICK: Duration = Duration::from_secs(1);
 /// How long a checkpoint on demand waits for the partition to commit what is pending.
 const FLUSH_WAIT: Duration = Duration::from_secs(30);
+/// How long a rewind waits for the partition to reach a batch boundary and commit it.
+const REWIND_WAIT: Duration = Duration::from_secs(300);
+
+/// What a rewind of a partition did.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct RewindReport {
+    /// The partition.
+    pub partition: String,
+    /// The checkpoint it was put back to.
+    pub seq: u64,
+    /// When that checkpoint was taken (ms since the epoch).
+    pub taken_at: i64,
+    /// Keys put back to the checkpoint's values (or deleted).
+    pub keys: u64,
+    /// Where its input goes on from: `<topic>/<slot>` to the next offset.
+    pub input_offsets: std::collections::BTreeMap<String, u64>,
+}
 
 /// The checkpoints of this host's partitions.
 pub struct Checkpoints {
@@ -196,6 +213,76 @@ impl Checkpoints {
             .lock()
             .insert(h.id.clone(), (h.status.clone(), Instant::now()));
         Ok(info)
+    }
+
+    /// Puts partition `id`, which runs here, back to its retained checkpoint `seq`: its state
+    /// and input offsets, committed over the partition's at a batch boundary (the changelogs and
+    /// the consumer group too); it then processes again from the checkpoint's offsets.
+    pub fn rewind(&self, id: &str, seq: u64) -> Result<RewindReport> {
+        let h = self
+            .peers
+            .handles()
+            .into_iter()
+            .find(|h| h.id == id && !h.stopping())
+            .ok_or_else(|| {
+                Error::NotFound(format!("partition `{id}` does not run on this host"))
+            })?;
+        let (_, p) = self
+            .of(&h)
+            .ok_or_else(|| Error::NotFound(format!("the pipeline of `{id}` is gone")))?;
+        let manifests = self
+            .store
+            .manifests(&p)
+            .map_err(|e| Error::Unavailable(e.to_string()))?;
+        let Some(m) = manifests.iter().find(|m| m.seq == seq) else {
+            let retained: Vec<u64> = manifests.iter().map(|m| m.seq).collect();
+            return Err(Error::NotFound(format!(
+                "partition `{id}` has no checkpoint {seq}; retained: {retained:?}"
+            )));
+        };
+        let dir = h.db.path().with_extension("rewind");
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)
+                .map_err(|e| Error::Internal(format!("{}: {e}", dir.display())))?;
+        }
+        let restored = self
+            .store
+            .restore_from(&p, h.db.stores(), &dir, Some(seq))
+            .map_err(|e| Error::Unavailable(e.to_string()))?;
+        if restored.is_none() {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(Error::Conflict(format!(
+                "checkpoint {seq} of `{id}` does not restore (its files are missing or fail \
+                 their CRC-32; the host's log says which)"
+            )));
+        }
+        let (reply, answer) = std::sync::mpsc::channel();
+        let sent = h.send(super::commands::Command::Rewind(Box::new(
+            super::commands::Rewind {
+                seq,
+                dir: dir.clone(),
+                input_offsets: m.input_offsets.clone(),
+                reply,
+            },
+        )));
+        let answered = if sent {
+            answer.recv_timeout(REWIND_WAIT).map_err(|_| {
+                Error::Unavailable(format!(
+                    "partition `{id}` did not rewind within {REWIND_WAIT:?}"
+                ))
+            })
+        } else {
+            Err(Error::Conflict(format!("partition `{id}` stopped")))
+        };
+        let _ = std::fs::remove_dir_all(&dir);
+        let keys = answered?.map_err(|e| Error::Unavailable(format!("rewind of `{id}`: {e}")))?;
+        Ok(RewindReport {
+            partition: id.to_string(),
+            seq,
+            taken_at: m.taken_at,
+            keys,
+            input_offsets: m.input_offsets.clone(),
+        })
     }
 
     /// Takes a checkpoint of partition `id`, which runs here, now: what is pending commits

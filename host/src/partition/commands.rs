@@ -21,6 +21,22 @@ pub enum Command {
     /// Another owner took over: stop at once and commit nothing more. A commit already in
     /// flight still ends (it cannot be called back); batches processed after it are dropped.
     Fence,
+    /// Commit what is pending, then put the state and the input offsets back to those of a
+    /// checkpoint (restored into a directory), commit that, and start a new session from there.
+    Rewind(Box<Rewind>),
+}
+
+/// A rewind of a partition to a checkpoint ([`Command::Rewind`]).
+#[derive(Debug)]
+pub struct Rewind {
+    /// The checkpoint's number.
+    pub seq: u64,
+    /// Where its files were restored: a database of the partition's stores, read-only here.
+    pub dir: std::path::PathBuf,
+    /// Its input offsets, `<topic>/<slot>` to the next offset.
+    pub input_offsets: std::collections::BTreeMap<String, u64>,
+    /// The answer: keys put back, or why it could not be done.
+    pub reply: Sender<Result<u64, String>>,
 }
 
 /// What the loop must do now.
@@ -34,6 +50,8 @@ pub enum Wants {
     Stop,
     /// Stop without committing.
     Fence,
+    /// Commit what is pending, then rewind.
+    Rewind,
 }
 
 /// The loop's end of its command channel: the command being acted on, and the ones queued.
@@ -69,6 +87,19 @@ impl Inbox {
             Some(Command::Flush(_)) => Wants::Flush,
             Some(Command::Stop | Command::Drain(_)) => Wants::Stop,
             Some(Command::Fence) => Wants::Fence,
+            Some(Command::Rewind(_)) => Wants::Rewind,
+        }
+    }
+
+    /// Takes the rewind being acted on, which the loop then answers itself.
+    pub fn take_rewind(&self) -> Option<Box<Rewind>> {
+        let mut current = self.current.lock();
+        match current.take() {
+            Some(Command::Rewind(r)) => Some(r),
+            other => {
+                *current = other;
+                None
+            }
         }
     }
 
@@ -78,6 +109,9 @@ impl Inbox {
             Some(Command::Drain(reply) | Command::Flush(reply)) => {
                 // A caller that gave up waiting is gone; nothing to tell.
                 let _ = reply.send(committed);
+            }
+            Some(Command::Rewind(r)) => {
+                let _ = r.reply.send(Err("the partition stopped first".into()));
             }
             Some(Command::Stop | Command::Fence) | None => {}
         }

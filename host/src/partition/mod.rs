@@ -190,6 +190,8 @@ impl PartitionTask {
                 }
                 // Nothing pending to commit: answered with what was committed last.
                 Wants::Flush => self.inbox.done(self.status.progress.lock().clone()),
+                // Done by the next session, with its clients.
+                Wants::Rewind => {}
                 Wants::Nothing => {}
             }
             if !(self.owns)() {
@@ -385,6 +387,7 @@ impl PartitionTask {
             }
             let stopping = wants == Wants::Stop;
             let flush = wants == Wants::Flush;
+            let rewind = wants == Wants::Rewind;
             let generation = self.target.generation();
             let swap_due = generation != run.current.generation && generation != run.rejected;
             let replay_changed = self.replays.generation() != replay_generation;
@@ -392,7 +395,7 @@ impl PartitionTask {
             let interval = Duration::from_millis(run.current.settings.commit_interval_ms);
             // A stop, a swap, a replay and isolating a refused record need everything
             // committed; pending batches at their bound wait for the commit in flight.
-            let settle_all = stopping || flush || swap_due || replay_changed || isolating;
+            let settle_all = stopping || flush || rewind || swap_due || replay_changed || isolating;
             let full = pending.records >= self.config.max_pending
                 || inst.ctx().overlay.written_bytes() >= MAX_PENDING_BYTES;
             if in_flight.is_some() && (settle_all || full || io.commit_ready()) {
@@ -423,6 +426,24 @@ impl PartitionTask {
             if stopping {
                 self.steps.pass(crate::steps::STOPPING, &self.id);
                 break;
+            }
+            if rewind && in_flight.is_none() && pending.batches == 0 {
+                // Everything is committed: the rewind commits the checkpoint's state over it,
+                // and a new session starts from the checkpoint's input offsets.
+                if let Some(r) = self.inbox.take_rewind() {
+                    let done = self.rewind(io, &r);
+                    let failed = done.is_err();
+                    let _ = r
+                        .reply
+                        .send(done.as_ref().map(|n| *n).map_err(|e| format!("{e:#}")));
+                    if failed {
+                        return Err(SessionError::Retry(
+                            done.err()
+                                .unwrap_or_else(|| anyhow::anyhow!("rewind failed")),
+                        ));
+                    }
+                    return Err(SessionError::Restart);
+                }
             }
             // Only at a commit boundary, where nothing is pending, can the module change under
             // the state. A swap that lands after `swap_due` was read waits for the next commit.
@@ -598,6 +619,41 @@ impl PartitionTask {
             }
         }
         Ok(())
+    }
+
+    /// Commits the state and input offsets of the checkpoint in `r.dir` over the partition's:
+    /// every key that differs, set to the checkpoint's value (or deleted), in one commit with
+    /// the checkpoint's input offsets, so that the changelogs and the consumer group say the
+    /// same as RocksDB. Answers how many keys were put back.
+    fn rewind(&self, io: &mut dyn PartitionIo, r: &commands::Rewind) -> anyhow::Result<u64> {
+        let diff = self.db.differences_from(&r.dir)?;
+        let n = diff.len() as u64;
+        let mut overlay = crate::state::Overlay::with_budget(self.db.hot_budget());
+        for (store, key, value) in diff {
+            overlay.put(store, key, value);
+        }
+        overlay.keep_call();
+        let writes = overlay.take();
+        let spec = &self.pipeline.spec;
+        let mut offsets = Vec::new();
+        for (ti, topic) in spec.inputs.iter().enumerate() {
+            for slot in self.slots.clone() {
+                let Some(offset) = r.input_offsets.get(&format!("{topic}/{slot}")) else {
+                    anyhow::bail!("checkpoint {} has no input offset of {topic}/{slot}", r.seq);
+                };
+                offsets.push((ti, slot, *offset));
+            }
+        }
+        io.commit(
+            &self.db,
+            Arc::new(Batch {
+                writes,
+                outputs: Vec::new(),
+                offsets,
+            }),
+        )?;
+        tracing::info!(seq = r.seq, keys = n, "rewound to a checkpoint");
+        Ok(n)
     }
 
     /// True while the records up to the offsets where Kafka refused a record for good go one

@@ -458,6 +458,10 @@ pub fn slot_key(slot: u32, user_key: &[u8]) -> Vec<u8> {
     k
 }
 
+/// A key of a store whose value differs from another database's: (store id, key, the value
+/// there, `None` when it is absent there).
+pub type Difference = (usize, Vec<u8>, Option<Vec<u8>>);
+
 /// The database of one partition.
 pub struct PartitionDb {
     db: DB,
@@ -623,6 +627,64 @@ impl PartitionDb {
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
+    }
+
+    /// Every key whose committed value differs from the database of the same stores at `dir`
+    /// (a checkpoint), with the value there (`None`: absent there), by store id and in key
+    /// order: what makes this database hold what that one does.
+    pub fn differences_from(&self, dir: &Path) -> Result<Vec<Difference>> {
+        let mut names = vec![META_CF.to_string()];
+        names.extend(self.cf_names.iter().cloned());
+        let other = DB::open_cf_for_read_only(&Options::default(), dir, names, false)?;
+        let mut out = Vec::new();
+        for (store, name) in self.cf_names.iter().enumerate() {
+            let theirs_cf = other.cf_handle(name).ok_or_else(|| {
+                StateError::Corrupt(format!("no column family {name} in the checkpoint"))
+            })?;
+            let mut mine = self
+                .db
+                .iterator_cf(self.cf(store)?, rocksdb::IteratorMode::Start)
+                .peekable();
+            let mut theirs = other
+                .iterator_cf(theirs_cf, rocksdb::IteratorMode::Start)
+                .peekable();
+            loop {
+                let order = match (mine.peek(), theirs.peek()) {
+                    (None, None) => break,
+                    (Some(Err(_)), _) | (_, Some(Err(_))) => {
+                        let e = mine
+                            .next()
+                            .and_then(|r| r.err())
+                            .or_else(|| theirs.next().and_then(|r| r.err()));
+                        return Err(e.map_or_else(
+                            || StateError::Corrupt("iterator failed".into()),
+                            StateError::from,
+                        ));
+                    }
+                    (Some(Ok(_)), None) => std::cmp::Ordering::Less,
+                    (None, Some(Ok(_))) => std::cmp::Ordering::Greater,
+                    (Some(Ok((a, _))), Some(Ok((b, _)))) => a.cmp(b),
+                };
+                match order {
+                    std::cmp::Ordering::Less => {
+                        let (k, _) = mine.next().expect("peeked")?;
+                        out.push((store, k.to_vec(), None));
+                    }
+                    std::cmp::Ordering::Greater => {
+                        let (k, v) = theirs.next().expect("peeked")?;
+                        out.push((store, k.to_vec(), Some(v.to_vec())));
+                    }
+                    std::cmp::Ordering::Equal => {
+                        let (_, a) = mine.next().expect("peeked")?;
+                        let (k, b) = theirs.next().expect("peeked")?;
+                        if a != b {
+                            out.push((store, k.to_vec(), Some(b.to_vec())));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// The level of each live SST file, by name (`000123.sst`): level 0 from flushes, lower
