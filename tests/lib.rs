@@ -442,6 +442,15 @@ impl Api {
         Ok(r.body.as_array().cloned().unwrap_or_default())
     }
 
+    /// Partition `id`'s row of the partition table, as this host shows it.
+    pub async fn partition(&self, id: &str) -> Result<Value> {
+        self.partitions()
+            .await?
+            .into_iter()
+            .find(|p| p["id"] == id)
+            .ok_or_else(|| anyhow::anyhow!("no partition {id}"))
+    }
+
     /// Waits until every partition of `pipeline` has processed all of its input (lag 0), the
     /// total processed offset reaches `at_least`, and the pipeline is quiescent: the same
     /// offsets and record counts twice, 300 ms apart, so that a late duplicate is not missed by
@@ -914,15 +923,29 @@ pub async fn child_member_with(
     id: &str,
     env: &[(&str, &str)],
 ) -> Result<ChildHost> {
-    let bootstrap = kafka_bootstrap();
-    let flags = [
+    child_member_on(dir, cluster, id, &kafka_bootstrap(), &[], env).await
+}
+
+/// A `baton` process on `dir`, member `id` of `cluster` on the brokers at `bootstrap`, with a
+/// session timeout of 6 s, `--state-memory 64MiB`, the flags `extra` and the environment
+/// variables `env`.
+pub async fn child_member_on(
+    dir: &Path,
+    cluster: &str,
+    id: &str,
+    bootstrap: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Result<ChildHost> {
+    let mut flags = vec![
         "--kafka",
-        &bootstrap,
+        bootstrap,
         "--host-id",
         id,
         "--session-timeout",
         "6s",
     ];
+    flags.extend_from_slice(extra);
     ChildHost::start_with(dir, cluster, "64MiB", &flags, env).await
 }
 

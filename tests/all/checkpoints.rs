@@ -61,14 +61,6 @@ async fn checkpoint(api: &baton_tests::Api) -> anyhow::Result<Value> {
     Ok(r.body)
 }
 
-async fn row(api: &baton_tests::Api) -> anyhow::Result<Value> {
-    api.partitions()
-        .await?
-        .into_iter()
-        .find(|p| p["id"] == "wc-0")
-        .ok_or_else(|| anyhow::anyhow!("no wc-0"))
-}
-
 /// Every word's count on `api` equals how often it was sent.
 async fn assert_counts(api: &baton_tests::Api, sent: &[String]) -> anyhow::Result<()> {
     let mut want: BTreeMap<&str, i64> = BTreeMap::new();
@@ -104,19 +96,8 @@ async fn checkpoints_share_files_are_collected_and_restore_a_new_host_exactly_wi
         );
         let id = id.to_string();
         async move {
-            let flags = [
-                "--kafka",
-                &bootstrap,
-                "--host-id",
-                &id,
-                "--session-timeout",
-                "6s",
-                "--checkpoints",
-                &store,
-                "--checkpoint-retain",
-                "2",
-            ];
-            ChildHost::start_with(&dir, &cluster, "64MiB", &flags, &[]).await
+            let extra = ["--checkpoints", &store, "--checkpoint-retain", "2"];
+            baton_tests::child_member_on(&dir, &cluster, &id, &bootstrap, &extra, &[]).await
         }
     };
     let a = start("a").await?;
@@ -153,7 +134,7 @@ async fn checkpoints_share_files_are_collected_and_restore_a_new_host_exactly_wi
     assert_eq!(third["seq"], 3, "{third}");
     assert_eq!(third["retained"], 2, "{third}");
     assert!(third["files_deleted"].as_u64() > Some(0), "{third}");
-    let shown = row(&a.api).await?;
+    let shown = a.api.partition("wc-0").await?;
     assert_eq!(shown["last_checkpoint"]["seq"], 3, "{shown}");
     let metrics = a.api.get_text("/metrics").await?.1;
     let metric = |name: &str| {
@@ -206,14 +187,14 @@ async fn checkpoints_share_files_are_collected_and_restore_a_new_host_exactly_wi
     a.kill9()?;
     let b = start("b").await?;
     let restored = wait_for("wc-0 running on b", Duration::from_secs(90), || async {
-        let p = row(&b.api).await?;
+        let p = b.api.partition("wc-0").await?;
         Ok((p["owner"] == "b" && p["state"] == "running").then_some(p))
     })
     .await?;
     assert_eq!(restored["restored_from"]["seq"], 3, "{restored}");
     // The newest checkpoint in the store shows until this host takes one.
     wait_for("b shows checkpoint 3", Duration::from_secs(10), || async {
-        let p = row(&b.api).await?;
+        let p = b.api.partition("wc-0").await?;
         Ok((p["last_checkpoint"]["seq"] == 3).then_some(()))
     })
     .await?;
@@ -259,7 +240,7 @@ async fn checkpoints_share_files_are_collected_and_restore_a_new_host_exactly_wi
     b.kill9()?;
     let c = start("c").await?;
     let fell_back = wait_for("wc-0 running on c", Duration::from_secs(90), || async {
-        let p = row(&c.api).await?;
+        let p = c.api.partition("wc-0").await?;
         Ok((p["owner"] == "c" && p["state"] == "running").then_some(p))
     })
     .await?;
@@ -289,7 +270,7 @@ async fn checkpoints_share_files_are_collected_and_restore_a_new_host_exactly_wi
         "a checkpoint on the interval",
         Duration::from_secs(30),
         || async {
-            let p = row(&c.api).await?;
+            let p = c.api.partition("wc-0").await?;
             Ok(p["last_checkpoint"]["seq"].as_u64().filter(|s| *s >= 5))
         },
     )
@@ -336,18 +317,9 @@ async fn checkpoints_in_an_s3_compatible_store_restore_on_another_host_after_a_k
         );
         let id = id.to_string();
         async move {
-            let flags = [
-                "--kafka",
-                &bootstrap,
-                "--host-id",
-                &id,
-                "--session-timeout",
-                "6s",
-                "--checkpoints",
-                &url,
-            ];
             let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-            ChildHost::start_with(&dir, &cluster, "64MiB", &flags, &env).await
+            let extra = ["--checkpoints", &url];
+            baton_tests::child_member_on(&dir, &cluster, &id, &bootstrap, &extra, &env).await
         }
     };
     // Host a is held in its third checkpoint of wc-0, after the uploads and before the
@@ -426,7 +398,7 @@ async fn checkpoints_in_an_s3_compatible_store_restore_on_another_host_after_a_k
     // 2, the last with a manifest.
     let b = start("b", env.clone()).await?;
     let restored = wait_for("wc-0 running on b", Duration::from_secs(90), || async {
-        let p = row(&b.api).await?;
+        let p = b.api.partition("wc-0").await?;
         Ok((p["owner"] == "b" && p["state"] == "running").then_some(p))
     })
     .await?;

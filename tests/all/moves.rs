@@ -14,15 +14,6 @@ use baton_tests::{
 };
 use serde_json::{Value, json};
 
-/// The partition's row, as `api` shows it.
-async fn row(api: &baton_tests::Api, id: &str) -> anyhow::Result<Value> {
-    api.partitions()
-        .await?
-        .into_iter()
-        .find(|p| p["id"] == id)
-        .ok_or_else(|| anyhow::anyhow!("no partition {id}"))
-}
-
 /// Asks `api` to move wc-0 to `to`; the move's id.
 async fn move_wc0(api: &baton_tests::Api, to: &str) -> anyhow::Result<String> {
     let r = api
@@ -35,7 +26,7 @@ async fn move_wc0(api: &baton_tests::Api, to: &str) -> anyhow::Result<String> {
 /// Move `id` of wc-0 as `api` shows it, once it is abandoned, with a reason saying `why`.
 async fn wait_abandoned(api: &baton_tests::Api, id: &str, why: &str) -> anyhow::Result<Value> {
     let abandoned = wait_for("the move abandoned", Duration::from_secs(60), || async {
-        let p = row(api, "wc-0").await?;
+        let p = api.partition("wc-0").await?;
         Ok(p["moves"]
             .as_array()
             .into_iter()
@@ -64,7 +55,7 @@ async fn one_partition_word_count(api: &baton_tests::Api, input: &str) -> anyhow
     }))
     .await?;
     wait_for("the partition running", Duration::from_secs(60), || async {
-        let p = row(api, "wc-0").await?;
+        let p = api.partition("wc-0").await?;
         Ok((p["state"] == "running").then(|| p["owner"].as_str().unwrap_or_default().to_string()))
     })
     .await
@@ -102,7 +93,7 @@ async fn wc_on_a(
     .await?;
     // Both live and neither owning anything: a, the smaller id, owns it.
     wait_for("wc-0 running on a", Duration::from_secs(60), || async {
-        let p = row(a, "wc-0").await?;
+        let p = a.partition("wc-0").await?;
         Ok((p["owner"] == "a" && p["state"] == "running").then_some(()))
     })
     .await?;
@@ -302,7 +293,7 @@ async fn partitions_move_live_and_hosts_fail_and_rejoin_with_exact_counts_and_ou
         .await?;
     assert_eq!(r.status, 400, "{r:?}");
     assert!(r.body.to_string().contains("nobody"), "{r:?}");
-    let owner0 = row(&apis[0], "wc-0").await?["owner"]
+    let owner0 = apis[0].partition("wc-0").await?["owner"]
         .as_str()
         .unwrap_or_default()
         .to_string();
@@ -327,7 +318,7 @@ async fn partitions_move_live_and_hosts_fail_and_rejoin_with_exact_counts_and_ou
     let mut pauses = Vec::new();
     for i in 0..moves {
         let part = parts[next(parts.len())].clone();
-        let before = row(&apis[0], &part).await?;
+        let before = apis[0].partition(&part).await?;
         let owner = before["owner"].as_str().unwrap_or_default().to_string();
         let epoch = before["epoch"].as_u64().unwrap_or(0);
         let others: Vec<&str> = ids.iter().copied().filter(|h| *h != owner).collect();
@@ -374,7 +365,7 @@ async fn partitions_move_live_and_hosts_fail_and_rejoin_with_exact_counts_and_ou
                 }
                 let mut rows = Vec::new();
                 for api in &apis {
-                    rows.push(row(api, &part).await?);
+                    rows.push(api.partition(&part).await?);
                 }
                 let finished = rows.iter().all(|r| {
                     r["owner"] == to.as_str()
@@ -750,7 +741,7 @@ async fn two_move_requests_at_once_start_one_move_everywhere() -> anyhow::Result
     // Both hosts know the partition and its owner before they ask.
     for api in [&b.api, &c.api] {
         wait_for("the owner known", Duration::from_secs(30), || async {
-            Ok((row(api, "wc-0").await?["owner"] == "a").then_some(()))
+            Ok((api.partition("wc-0").await?["owner"] == "a").then_some(()))
         })
         .await?;
     }
@@ -778,7 +769,7 @@ async fn two_move_requests_at_once_start_one_move_everywhere() -> anyhow::Result
         )
     };
     let done = wait_for("the move done", Duration::from_secs(60), || async {
-        let p = row(&a.api, "wc-0").await?;
+        let p = a.api.partition("wc-0").await?;
         let ended = p["moves"]
             .as_array()
             .into_iter()
@@ -793,7 +784,7 @@ async fn two_move_requests_at_once_start_one_move_everywhere() -> anyhow::Result
             "the move in every history",
             Duration::from_secs(30),
             || async {
-                let p = row(api, "wc-0").await?;
+                let p = api.partition("wc-0").await?;
                 let ms = p["moves"].as_array().cloned().unwrap_or_default();
                 Ok(ms.iter().any(|m| m["phase"] == "done").then_some(ms))
             },
@@ -852,7 +843,7 @@ async fn a_move_to_a_host_over_its_disk_bound_is_abandoned_and_the_owner_goes_on
         "b to see the partition's state",
         Duration::from_secs(30),
         || async {
-            let p = row(&b.api, "wc-0").await?;
+            let p = b.api.partition("wc-0").await?;
             Ok((p["state_bytes"].as_u64().unwrap_or(0) > 0).then_some(()))
         },
     )
@@ -865,7 +856,7 @@ async fn a_move_to_a_host_over_its_disk_bound_is_abandoned_and_the_owner_goes_on
     a.api
         .wait_caught_up("wc", 2_500, Duration::from_secs(60))
         .await?;
-    let p = row(&a.api, "wc-0").await?;
+    let p = a.api.partition("wc-0").await?;
     assert_eq!(p["owner"], "a", "{p}");
     assert_eq!(p["epoch"], 1, "{p}");
     assert_counted(&a.api, &[&keys, &more]).await?;
@@ -895,7 +886,7 @@ async fn an_owner_lost_mid_warm_up_leaves_its_target_one_writer() -> anyhow::Res
     // The owner dies mid-warm-up; the partition fails over to b, the move's own target.
     a.kill9()?;
     wait_for("wc-0 running on b", Duration::from_secs(90), || async {
-        let p = row(&b.api, "wc-0").await?;
+        let p = b.api.partition("wc-0").await?;
         Ok((p["owner"] == "b" && p["state"] == "running").then_some(()))
     })
     .await?;
@@ -955,7 +946,7 @@ async fn a_take_over_after_the_owner_resumed_does_not_count() -> anyhow::Result<
         "the owner to give up and resume",
         Duration::from_secs(60),
         || async {
-            let p = row(&a.api, "wc-0").await?;
+            let p = a.api.partition("wc-0").await?;
             let m = p["moves"]
                 .as_array()
                 .into_iter()
@@ -993,7 +984,7 @@ async fn a_take_over_after_the_owner_resumed_does_not_count() -> anyhow::Result<
     );
     // The owner released epoch 1 and went on at epoch 2.
     for api in [&a.api, &b.api] {
-        let p = row(api, "wc-0").await?;
+        let p = api.partition("wc-0").await?;
         assert_eq!(
             (p["owner"].clone(), p["epoch"].clone()),
             (json!("a"), json!(2)),
@@ -1063,7 +1054,7 @@ async fn a_take_over_checks_what_the_owner_released() -> anyhow::Result<()> {
             .await?;
         // Released at epoch 1 + i, the owner never processes at that epoch again: it went on
         // at the next.
-        let p = row(&a.api, "wc-0").await?;
+        let p = a.api.partition("wc-0").await?;
         assert_eq!(
             (p["owner"].clone(), p["epoch"].clone()),
             (json!("a"), json!(2 + i)),
@@ -1078,7 +1069,7 @@ async fn a_take_over_checks_what_the_owner_released() -> anyhow::Result<()> {
     // Nothing injected: the release matches, and the partition moves.
     let id = move_wc0(&a.api, "b").await?;
     let done = wait_for("the move done", Duration::from_secs(90), || async {
-        let p = row(&b.api, "wc-0").await?;
+        let p = b.api.partition("wc-0").await?;
         Ok(p["moves"]
             .as_array()
             .into_iter()
@@ -1142,7 +1133,7 @@ async fn a_target_killed_between_release_and_take_over_leaves_the_owner_running(
     )
     .await?;
     // Released at epoch 1: the owner holds the partition stopped.
-    let p = row(&a.api, "wc-0").await?;
+    let p = a.api.partition("wc-0").await?;
     assert_eq!(
         (p["epoch"].clone(), p["state"].clone()),
         (json!(1), json!("stopped")),
@@ -1157,7 +1148,7 @@ async fn a_target_killed_between_release_and_take_over_leaves_the_owner_running(
     a.api
         .wait_caught_up("wc", 3_000, Duration::from_secs(90))
         .await?;
-    let p = row(&a.api, "wc-0").await?;
+    let p = a.api.partition("wc-0").await?;
     assert_eq!(
         (p["owner"].clone(), p["epoch"].clone(), p["state"].clone()),
         (json!("a"), json!(2), json!("running")),
@@ -1188,7 +1179,7 @@ async fn an_owner_killed_after_its_release_is_taken_over_with_exact_counts() -> 
     hold.release();
     // Taken over by the move (not failed over), at the epoch after the released one.
     let p = wait_for("the move done", Duration::from_secs(90), || async {
-        let p = row(&b.api, "wc-0").await?;
+        let p = b.api.partition("wc-0").await?;
         let done = p["moves"]
             .as_array()
             .into_iter()
@@ -1257,7 +1248,7 @@ async fn a_zombie_at_least_once_owner_loses_no_update() -> anyhow::Result<()> {
         }))
         .await?;
     wait_for("wc-0 running on a", Duration::from_secs(60), || async {
-        let p = row(&a.api, "wc-0").await?;
+        let p = a.api.partition("wc-0").await?;
         Ok((p["owner"] == "a" && p["state"] == "running").then_some(()))
     })
     .await?;
@@ -1275,7 +1266,7 @@ async fn a_zombie_at_least_once_owner_loses_no_update() -> anyhow::Result<()> {
     // The session expires: b takes wc-0 over from what was committed (nothing) and counts
     // everything, then more.
     wait_for("wc-0 failed over to b", Duration::from_secs(60), || async {
-        let p = row(&b.api, "wc-0").await?;
+        let p = b.api.partition("wc-0").await?;
         Ok((p["owner"] == "b" && p["state"] == "running").then_some(()))
     })
     .await?;
@@ -1317,7 +1308,7 @@ async fn a_zombie_at_least_once_owner_loses_no_update() -> anyhow::Result<()> {
         let got = count_at(&b.api, k).await?.unwrap_or(0);
         assert!(got >= *n, "count of {k} on b: {got}, sent {n}");
     }
-    let p = row(&b.api, "wc-0").await?;
+    let p = b.api.partition("wc-0").await?;
     assert_eq!(p["owner"], "b", "{p}");
     b.stop().await?;
     Ok(())

@@ -10,8 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use baton_tests::{
-    ChildHost, OwnBroker, SCRAM_PASSWORD, SCRAM_USER, baton_bin, count, unique, wait_alive,
-    wait_for, words,
+    OwnBroker, SCRAM_PASSWORD, SCRAM_USER, baton_bin, count, unique, wait_alive, wait_for, words,
 };
 use serde_json::{Value, json};
 
@@ -98,17 +97,8 @@ async fn on_a_sasl_ssl_broker_a_wrong_password_is_refused_and_two_hosts_count_ex
             good.clone(),
         );
         async move {
-            let flags = [
-                "--kafka",
-                &bootstrap,
-                "--kafka-config",
-                &good,
-                "--host-id",
-                id,
-                "--session-timeout",
-                "6s",
-            ];
-            ChildHost::start_with(&dir, &cluster, "64MiB", &flags, &[]).await
+            let extra = ["--kafka-config", &good];
+            baton_tests::child_member_on(&dir, &cluster, id, &bootstrap, &extra, &[]).await
         }
     };
     let a = start("a").await?;

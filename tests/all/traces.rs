@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::routing::post;
 use baton_tests::{
-    ChildHost, TestProducer, cluster_name, kafka_bootstrap, kafka_lock, wait_alive, wait_for, words,
+    TestProducer, cluster_name, kafka_bootstrap, kafka_lock, wait_alive, wait_for, words,
 };
 use serde_json::{Value, json};
 
@@ -105,17 +105,8 @@ async fn batches_commits_and_each_step_of_a_move_are_exported_over_otlp_http() -
             endpoint.clone(),
         );
         async move {
-            let flags = [
-                "--kafka",
-                &bootstrap,
-                "--host-id",
-                id,
-                "--session-timeout",
-                "6s",
-                "--otlp-endpoint",
-                &endpoint,
-            ];
-            ChildHost::start_with(&dir, &cluster, "64MiB", &flags, &[]).await
+            let extra = ["--otlp-endpoint", &endpoint];
+            baton_tests::child_member_on(&dir, &cluster, id, &bootstrap, &extra, &[]).await
         }
     };
     let a = start("a").await?;
@@ -130,15 +121,8 @@ async fn batches_commits_and_each_step_of_a_move_are_exported_over_otlp_http() -
             "stores": ["counts"], "slots": 2, "partitions": 1, "guarantee": "exactly-once"
         }))
         .await?;
-    let row = |api: baton_tests::Api| async move {
-        api.partitions()
-            .await?
-            .into_iter()
-            .find(|p| p["id"] == "wc-0")
-            .ok_or_else(|| anyhow::anyhow!("no wc-0"))
-    };
     let owner = wait_for("wc-0 running", Duration::from_secs(90), || async {
-        let p = row(a.api.clone()).await?;
+        let p = a.api.partition("wc-0").await?;
         Ok((p["state"] == "running").then(|| p["owner"].as_str().unwrap_or_default().to_string()))
     })
     .await?;
@@ -163,7 +147,7 @@ async fn batches_commits_and_each_step_of_a_move_are_exported_over_otlp_http() -
     let move_id = moved.body["move"].as_str().unwrap_or_default().to_string();
     producer.send(&input, 2, &records[2000..4000]).await?;
     let done = wait_for("the move done", Duration::from_secs(120), || async {
-        let p = row(a.api.clone()).await?;
+        let p = a.api.partition("wc-0").await?;
         Ok(p["moves"]
             .as_array()
             .into_iter()
