@@ -38,6 +38,35 @@ fn partition_dir(store: &Path) -> anyhow::Result<PathBuf> {
     Ok(created.path().join("wc-0"))
 }
 
+/// Uploads word-count as version 1 and makes it the pipeline `wc` over `input` (2 slots, one
+/// partition, exactly-once, checkpoints only on demand), with the spec's fields in `more`.
+async fn deploy_wc(api: &baton_tests::Api, input: &str, more: Value) -> anyhow::Result<()> {
+    api.upload_plugin("word-count", "word-count", "1").await?;
+    let mut spec = json!({
+        "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
+        "stores": ["counts"], "slots": 2, "partitions": 1, "guarantee": "exactly-once",
+        "checkpoint_interval_s": 0
+    });
+    for (k, v) in more.as_object().cloned().unwrap_or_default() {
+        spec[k] = v;
+    }
+    api.create_pipeline(spec).await?;
+    Ok(())
+}
+
+/// Waits until `host` runs wc-0, as `api` shows it: its row.
+async fn running_on(api: &baton_tests::Api, host: &str) -> anyhow::Result<Value> {
+    wait_for(
+        &format!("wc-0 running on {host}"),
+        Duration::from_secs(90),
+        || async {
+            let p = api.partition("wc-0").await?;
+            Ok((p["owner"] == host && p["state"] == "running").then_some(p))
+        },
+    )
+    .await
+}
+
 /// Sends `batch` to `input` and waits until `api`'s host processed everything sent so far.
 async fn send(
     producer: &TestProducer,
@@ -102,14 +131,7 @@ async fn checkpoints_share_files_are_collected_and_restore_a_new_host_exactly_wi
     };
     let a = start("a").await?;
     let input = baton_tests::unique("checkpointed-words");
-    a.api.upload_plugin("word-count", "word-count", "1").await?;
-    a.api
-        .create_pipeline(json!({
-            "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
-            "stores": ["counts"], "slots": 2, "partitions": 1, "guarantee": "exactly-once",
-            "checkpoint_interval_s": 0
-        }))
-        .await?;
+    deploy_wc(&a.api, &input, json!({})).await?;
     let producer = TestProducer::new()?;
     let mut sent: Vec<String> = Vec::new();
     // The first checkpoint uploads every file.
@@ -186,11 +208,7 @@ async fn checkpoints_share_files_are_collected_and_restore_a_new_host_exactly_wi
     send(&producer, &input, &mut sent, words(1000, 400, 4), &a.api).await?;
     a.kill9()?;
     let b = start("b").await?;
-    let restored = wait_for("wc-0 running on b", Duration::from_secs(90), || async {
-        let p = b.api.partition("wc-0").await?;
-        Ok((p["owner"] == "b" && p["state"] == "running").then_some(p))
-    })
-    .await?;
+    let restored = running_on(&b.api, "b").await?;
     assert_eq!(restored["restored_from"]["seq"], 3, "{restored}");
     // The newest checkpoint in the store shows until this host takes one.
     wait_for("b shows checkpoint 3", Duration::from_secs(10), || async {
@@ -239,11 +257,7 @@ async fn checkpoints_share_files_are_collected_and_restore_a_new_host_exactly_wi
     send(&producer, &input, &mut sent, words(500, 400, 5), &b.api).await?;
     b.kill9()?;
     let c = start("c").await?;
-    let fell_back = wait_for("wc-0 running on c", Duration::from_secs(90), || async {
-        let p = c.api.partition("wc-0").await?;
-        Ok((p["owner"] == "c" && p["state"] == "running").then_some(p))
-    })
-    .await?;
+    let fell_back = running_on(&c.api, "c").await?;
     assert_eq!(fell_back["restored_from"]["seq"], 2, "{fell_back}");
     let skipped = fell_back["restored_from"]["skipped"].to_string();
     assert!(
@@ -276,6 +290,31 @@ async fn checkpoints_share_files_are_collected_and_restore_a_new_host_exactly_wi
     )
     .await?;
 
+    // Asked of another host, a checkpoint and a rewind run on the owner, and its errors come
+    // back as it gave them.
+    let d = start("d").await?;
+    wait_for("d knows c's address", Duration::from_secs(30), || async {
+        let hosts = d.api.get("/api/v1/hosts").await?.body;
+        let known = hosts
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|h| h["id"] == "c" && h["address"].as_str().is_some_and(|a| !a.is_empty()));
+        Ok(known.then_some(()))
+    })
+    .await?;
+    let remote = checkpoint(&d.api).await?;
+    assert!(remote["seq"].as_u64() > Some(4), "{remote}");
+    let gone = d
+        .api
+        .post_json("/api/v1/partitions/wc-0/rewind", &json!({"seq": 1}))
+        .await?;
+    assert_eq!(gone.status, 404, "{gone:?}");
+    assert!(
+        gone.body.to_string().contains("no checkpoint 1"),
+        "{gone:?}"
+    );
+
     // A purge deletes the pipeline's checkpoints.
     let purged = c
         .api
@@ -294,6 +333,7 @@ async fn checkpoints_share_files_are_collected_and_restore_a_new_host_exactly_wi
         "files left after the purge: {left:?}\n{log}"
     );
     c.terminate()?;
+    d.terminate()?;
     Ok(())
 }
 
@@ -335,14 +375,7 @@ async fn checkpoints_in_an_s3_compatible_store_restore_on_another_host_after_a_k
     ));
     let a = start("a", env_a).await?;
     let input = baton_tests::unique("s3-checkpointed-words");
-    a.api.upload_plugin("word-count", "word-count", "1").await?;
-    a.api
-        .create_pipeline(json!({
-            "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
-            "stores": ["counts"], "slots": 2, "partitions": 1, "guarantee": "exactly-once",
-            "checkpoint_interval_s": 0
-        }))
-        .await?;
+    deploy_wc(&a.api, &input, json!({})).await?;
     let producer = TestProducer::new()?;
     let mut sent = Vec::new();
     send(&producer, &input, &mut sent, words(3000, 400, 11), &a.api).await?;
@@ -397,11 +430,7 @@ async fn checkpoints_in_an_s3_compatible_store_restore_on_another_host_after_a_k
     // Another host, with no state of the partition, restores it from the bucket: checkpoint
     // 2, the last with a manifest.
     let b = start("b", env.clone()).await?;
-    let restored = wait_for("wc-0 running on b", Duration::from_secs(90), || async {
-        let p = b.api.partition("wc-0").await?;
-        Ok((p["owner"] == "b" && p["state"] == "running").then_some(p))
-    })
-    .await?;
+    let restored = running_on(&b.api, "b").await?;
     assert_eq!(restored["restored_from"]["seq"], 2, "{restored}");
     assert!(
         restored["restore"]["done"].as_u64().unwrap_or(u64::MAX) <= 500,
@@ -462,17 +491,14 @@ async fn a_rewind_after_a_bad_version_leaves_the_checkpoint_plus_the_input_proce
     )
     .await?;
     let input = baton_tests::unique("rewound-words");
-    a.api.upload_plugin("word-count", "word-count", "1").await?;
     // The bad version: counts, but fails the records whose value is `x` (dead letters).
     a.api.upload_plugin("fail-on", "word-count", "2").await?;
-    a.api
-        .create_pipeline(json!({
-            "name": "wc", "module": "word-count", "version": "1", "inputs": [input],
-            "stores": ["counts"], "slots": 2, "partitions": 1, "guarantee": "exactly-once",
-            "checkpoint_interval_s": 0, "config": {"value": "x"},
-            "swap": {"max_failure_share": 1.0}
-        }))
-        .await?;
+    deploy_wc(
+        &a.api,
+        &input,
+        json!({"config": {"value": "x"}, "swap": {"max_failure_share": 1.0}}),
+    )
+    .await?;
     let producer = TestProducer::new()?;
     let mut sent = Vec::new();
     send(&producer, &input, &mut sent, words(2000, 200, 31), &a.api).await?;

@@ -355,11 +355,7 @@ impl Baton {
                             host_id.clone(),
                             Box::new(move |id| {
                                 let b: Arc<Baton> = me.upgrade()?;
-                                b.cluster
-                                    .all()
-                                    .into_iter()
-                                    .find(|h| h.id == id)
-                                    .map(|h| h.address)
+                                b.cluster.address_of(id)
                             }),
                         ))
                     } else {
@@ -817,13 +813,7 @@ impl Baton {
         if owner == self.host_id {
             return None;
         }
-        let url = self
-            .cluster
-            .all()
-            .into_iter()
-            .find(|h| h.id == owner)
-            .map(|h| h.address)
-            .unwrap_or_default();
+        let url = self.cluster.address_of(&owner).unwrap_or_default();
         Some((owner, url))
     }
 

@@ -200,6 +200,14 @@ impl Hosts {
             .any(|h| h.id == self.host_id && h.alive && h.controller)
     }
 
+    /// The API's base URL of host `id`, if the membership knows it.
+    pub fn address_of(&self, id: &str) -> Option<String> {
+        self.all()
+            .into_iter()
+            .find(|h| h.id == id)
+            .map(|h| h.address)
+    }
+
     /// The live controller other than this host, as (id, address), if there is one.
     pub fn other_controller(&self) -> Option<(String, String)> {
         self.all()

@@ -126,11 +126,20 @@ pub(super) async fn to_controller(
     r
 }
 
-enum Forward {
-    /// The call did not reach the controller.
+pub(super) enum Forward {
+    /// The call did not reach the other host.
     NotSent(String),
     /// It reached it (or may have) and no answer came back.
     Failed(String),
+}
+
+impl std::fmt::Display for Forward {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Forward::NotSent(e) => write!(f, "not sent: {e}"),
+            Forward::Failed(e) => write!(f, "no answer: {e}"),
+        }
+    }
 }
 
 /// Sends the call to the controller at `address` with the caller's headers.
@@ -140,21 +149,42 @@ async fn forward(
     parts: &axum::http::request::Parts,
     body: bytes::Bytes,
 ) -> Result<Response, Forward> {
-    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
-    let client = CLIENT.get_or_init(reqwest::Client::new);
     let path = parts
         .uri
         .path_and_query()
         .map_or(parts.uri.path(), |p| p.as_str());
+    send(
+        baton,
+        address,
+        parts.method.clone(),
+        path,
+        &parts.headers,
+        body,
+    )
+    .await
+}
+
+/// Sends a call to the host at `address` (`path` with its query) with the caller's token and
+/// content headers, marked as forwarded by this host; its answer, relayed.
+pub(super) async fn send(
+    baton: &AppState,
+    address: &str,
+    method: Method,
+    path: &str,
+    headers: &axum::http::HeaderMap,
+    body: bytes::Bytes,
+) -> Result<Response, Forward> {
+    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    let client = CLIENT.get_or_init(reqwest::Client::new);
     let url = format!("{}{path}", address.trim_end_matches('/'));
     let mut req = client
-        .request(parts.method.clone(), url)
+        .request(method, url)
         .timeout(FORWARD_TIMEOUT)
         .header(FORWARDED_BY, baton.host_id())
         .header(CONTROL_SEEN, baton.control_seen())
         .body(body);
     for name in [header::AUTHORIZATION, header::CONTENT_TYPE, header::ACCEPT] {
-        if let Some(v) = parts.headers.get(&name) {
+        if let Some(v) = headers.get(&name) {
             req = req.header(name, v.clone());
         }
     }

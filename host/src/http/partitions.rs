@@ -20,8 +20,8 @@ pub(super) fn router() -> Router<AppState> {
         .route("/api/v1/partitions/{id}/rewind", post(rewind))
 }
 
-/// How long a call asked of a partition's owner may take there.
-const ON_OWNER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+/// The largest answer read from a partition's owner.
+const ANSWER_LIMIT: usize = 16 << 20;
 
 /// The body of `POST /api/v1/partitions/{id}/rewind`.
 #[derive(Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
@@ -49,22 +49,26 @@ pub(super) async fn on_owner<T: serde::de::DeserializeOwned>(
             "host {owner} ({url}) owns `{id}` and could not answer: {why}"
         )))
     };
-    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
-    let mut req = CLIENT
-        .get_or_init(reqwest::Client::new)
-        .post(format!("{url}{path}"))
-        .header(super::forward::FORWARDED_BY, baton.host_id())
-        .timeout(ON_OWNER_TIMEOUT);
-    if let Some(auth) = headers.get(axum::http::header::AUTHORIZATION) {
-        req = req.header(axum::http::header::AUTHORIZATION, auth.clone());
+    if url.is_empty() {
+        return Some(Err(unavailable(
+            "its address is not known here yet; try again".into(),
+        )));
     }
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
+    let body = body.map_or_else(bytes::Bytes::new, |b| b.to_string().into());
+    let mut headers = headers.clone();
+    headers.insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
     let answer = async {
-        let resp = req.send().await.map_err(|e| unavailable(e.to_string()))?;
+        let resp =
+            super::forward::send(baton, &url, axum::http::Method::POST, path, &headers, body)
+                .await
+                .map_err(|e| unavailable(e.to_string()))?;
         let status = resp.status();
-        let body = resp.bytes().await.map_err(|e| unavailable(e.to_string()))?;
+        let body = axum::body::to_bytes(resp.into_body(), ANSWER_LIMIT)
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
         if status.is_success() {
             return serde_json::from_slice(&body).map_err(|e| unavailable(e.to_string()));
         }
@@ -72,10 +76,7 @@ pub(super) async fn on_owner<T: serde::de::DeserializeOwned>(
             .ok()
             .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_string))
             .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
-        Err(ApiError::new(
-            StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY),
-            text,
-        ))
+        Err(ApiError::new(status, text))
     };
     Some(answer.await)
 }

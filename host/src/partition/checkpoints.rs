@@ -215,10 +215,8 @@ impl Checkpoints {
         Ok(info)
     }
 
-    /// Puts partition `id`, which runs here, back to its retained checkpoint `seq`: its state
-    /// and input offsets, committed over the partition's at a batch boundary (the changelogs and
-    /// the consumer group too); it then processes again from the checkpoint's offsets.
-    pub fn rewind(&self, id: &str, seq: u64) -> Result<RewindReport> {
+    /// Partition `id` running on this host, with its checkpoints' name for it.
+    fn running(&self, id: &str) -> Result<(Arc<PartitionHandle>, PartitionRef)> {
         let h = self
             .peers
             .handles()
@@ -230,6 +228,14 @@ impl Checkpoints {
         let (_, p) = self
             .of(&h)
             .ok_or_else(|| Error::NotFound(format!("the pipeline of `{id}` is gone")))?;
+        Ok((h, p))
+    }
+
+    /// Puts partition `id`, which runs here, back to its retained checkpoint `seq`: its state
+    /// and input offsets, committed over the partition's at a batch boundary (the changelogs and
+    /// the consumer group too); it then processes again from the checkpoint's offsets.
+    pub fn rewind(&self, id: &str, seq: u64) -> Result<RewindReport> {
+        let (h, p) = self.running(id)?;
         let manifests = self
             .store
             .manifests(&p)
@@ -288,22 +294,12 @@ impl Checkpoints {
     /// Takes a checkpoint of partition `id`, which runs here, now: what is pending commits
     /// first, so that the checkpoint holds every record processed until the call.
     pub fn take_now(&self, id: &str) -> Result<CheckpointInfo> {
-        let h = self
-            .peers
-            .handles()
-            .into_iter()
-            .find(|h| h.id == id && !h.stopping())
-            .ok_or_else(|| {
-                Error::NotFound(format!("partition `{id}` does not run on this host"))
-            })?;
+        let (h, p) = self.running(id)?;
         if !matches!(*h.status.phase.lock(), Phase::Running) {
             return Err(Error::Conflict(format!(
                 "partition `{id}` is not running yet (restoring or recovering): try again"
             )));
         }
-        let (_, p) = self
-            .of(&h)
-            .ok_or_else(|| Error::NotFound(format!("the pipeline of `{id}` is gone")))?;
         if h.flush(FLUSH_WAIT).is_none() {
             return Err(Error::Unavailable(format!(
                 "partition `{id}` did not commit within {FLUSH_WAIT:?}"

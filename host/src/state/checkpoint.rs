@@ -612,12 +612,7 @@ impl CheckpointStore {
             }
             drop(list);
             let n = all.len();
-            for location in all {
-                match self.store.delete(&location).await {
-                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                    Err(e) => return Err(self.err(e)),
-                }
-            }
+            self.delete(all).await?;
             tracing::info!(pipeline, created_at, objects = n, "checkpoints deleted");
             Ok(())
         })
@@ -641,16 +636,7 @@ impl CheckpointStore {
             }
             let _ = std::fs::remove_file(&target);
             if std::fs::hard_link(path, &target).is_ok() {
-                let mut buf = vec![0u8; 1 << 20];
-                let mut size = 0u64;
-                loop {
-                    let n = file.read(&mut buf).map_err(|e| io(path.display(), e))?;
-                    if n == 0 {
-                        break;
-                    }
-                    crc.update(&buf[..n]);
-                    size += n as u64;
-                }
+                let size = read_crc(&mut file, path, &mut crc)?;
                 // Its modification time is now that of the upload, which garbage collection
                 // goes by.
                 let _ = std::fs::File::options()
@@ -694,17 +680,24 @@ impl CheckpointStore {
         Ok((size, crc.finalize()))
     }
 
-    /// Deletes the partition's checkpoints beyond the retention, then the files no retained
-    /// checkpoint names and written before the oldest retained one: (retained, files deleted).
-    async fn collect_garbage(&self, p: &PartitionRef) -> Result<(usize, usize)> {
-        let mut manifests = self.list_manifests(p).await?;
-        let excess = manifests.len().saturating_sub(self.retain);
-        for (_, location, _) in manifests.drain(..excess) {
+    /// Deletes `locations`; one already gone is no error.
+    async fn delete(&self, locations: impl IntoIterator<Item = ObjectPath>) -> Result<()> {
+        for location in locations {
             match self.store.delete(&location).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                 Err(e) => return Err(self.err(e)),
             }
         }
+        Ok(())
+    }
+
+    /// Deletes the partition's checkpoints beyond the retention, then the files no retained
+    /// checkpoint names and written before the oldest retained one: (retained, files deleted).
+    async fn collect_garbage(&self, p: &PartitionRef) -> Result<(usize, usize)> {
+        let mut manifests = self.list_manifests(p).await?;
+        let excess = manifests.len().saturating_sub(self.retain);
+        self.delete(manifests.drain(..excess).map(|(_, location, _)| location))
+            .await?;
         let Some(&(_, _, oldest)) = manifests.first() else {
             return Ok((0, 0));
         };
@@ -729,12 +722,7 @@ impl CheckpointStore {
         }
         drop(list);
         let deleted = doomed.len();
-        for location in doomed {
-            match self.store.delete(&location).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(self.err(e)),
-            }
-        }
+        self.delete(doomed).await?;
         Ok((manifests.len(), deleted))
     }
 
@@ -865,15 +853,7 @@ impl CheckpointStore {
                 let source = root.join(location.as_ref());
                 match std::fs::File::open(&source) {
                     Ok(mut file) => {
-                        let mut buf = vec![0u8; 1 << 20];
-                        loop {
-                            let n = file.read(&mut buf).map_err(|e| io(source.display(), e))?;
-                            if n == 0 {
-                                break;
-                            }
-                            crc.update(&buf[..n]);
-                            size += n as u64;
-                        }
+                        size = read_crc(&mut file, &source, &mut crc)?;
                         std::fs::hard_link(&source, &target).is_ok()
                     }
                     Err(_) => false,
@@ -944,6 +924,20 @@ impl CheckpointStore {
         }
         std::fs::rename(&tmp, path).map_err(|e| io(path.display(), e))?;
         Ok(())
+    }
+}
+
+/// Reads `file` (at `path`) to its end into `crc`: its size.
+fn read_crc(file: &mut std::fs::File, path: &Path, crc: &mut crc32fast::Hasher) -> Result<u64> {
+    let mut buf = vec![0u8; 1 << 20];
+    let mut size = 0u64;
+    loop {
+        let n = file.read(&mut buf).map_err(|e| io(path.display(), e))?;
+        if n == 0 {
+            return Ok(size);
+        }
+        crc.update(&buf[..n]);
+        size += n as u64;
     }
 }
 
