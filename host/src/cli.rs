@@ -124,6 +124,17 @@ pub enum PartitionsAction {
         /// The partition's id (see `baton partitions`).
         id: String,
     },
+    /// Splits a partition in two while it runs, on its owner: answers the split, with the
+    /// halves' ids and the pause, once the halves run.
+    Split {
+        /// The partition's id (see `baton partitions`).
+        id: String,
+        /// The first slot of the right half; by default, the slot that halves the load.
+        #[arg(long)]
+        at: Option<u32>,
+    },
+    /// Lists the partitions retired by splits, with their history.
+    Retired,
 }
 
 /// The client subcommands.
@@ -136,8 +147,8 @@ pub enum Call {
     #[command(subcommand)]
     Pipelines(Pipelines),
     /// Shows the partition table (`baton partitions`), moves a partition live
-    /// (`baton partitions move ID --to HOST`), or checkpoints one
-    /// (`baton partitions checkpoint ID`).
+    /// (`baton partitions move ID --to HOST`), splits one (`baton partitions split ID
+    /// [--at SLOT]`), or checkpoints one (`baton partitions checkpoint ID`).
     Partitions {
         /// What to do; without one, the table is shown.
         #[command(subcommand)]
@@ -346,6 +357,28 @@ async fn call_api(c: &Client, call: Call) -> anyhow::Result<Value> {
                 &format!("/api/v1/partitions/{}/checkpoints", encode_path(&id)),
             ))
             .await
+        }
+        Call::Partitions {
+            action: Some(PartitionsAction::Split { id, at }),
+        } => {
+            let body = match at {
+                Some(at) => json!({ "at": at }),
+                None => json!({}),
+            };
+            c.send(
+                c.request(
+                    Method::POST,
+                    &format!("/api/v1/partitions/{}/split", encode_path(&id)),
+                )
+                .json(&body),
+            )
+            .await
+        }
+        Call::Partitions {
+            action: Some(PartitionsAction::Retired),
+        } => {
+            c.send(c.request(Method::GET, "/api/v1/partitions?retired=true"))
+                .await
         }
         Call::Hosts => c.send(c.request(Method::GET, "/api/v1/hosts")).await,
         Call::Get {

@@ -47,6 +47,15 @@ pub const COMMIT_SEND: &str = "commit.send";
 /// written. The key is `<partition>/<seq>` (`wc-0/3`: checkpoint 3 of `wc-0`).
 pub const CHECKPOINT_UPLOAD: &str = "checkpoint.upload";
 
+/// A split's step: it is recorded as begun and its owner flushed the partition's memtables;
+/// the partition is about to stop at a batch boundary. The key is the partition split.
+pub const SPLIT_QUIESCE: &str = "split.quiesce";
+
+/// A split's step: the partition committed and stopped, and its halves' databases are made
+/// (hard links, each with the other half's slots deleted); the split is about to be recorded
+/// as done. The key is the partition split.
+pub const SPLIT_RECORD: &str = "split.record";
+
 /// A fault, not a hold: a partition's input consumer stops fetching (its topic partitions are
 /// paused), with no error, as librdkafka's consumers have been seen to after a broker restart.
 pub const INPUT_STALL: &str = "input.stall";
@@ -72,6 +81,8 @@ pub const STEPS: &[&str] = &[
     MOVE_TAKE_OVER,
     COMMIT_SEND,
     CHECKPOINT_UPLOAD,
+    SPLIT_QUIESCE,
+    SPLIT_RECORD,
 ];
 
 /// Every fault that can be injected.

@@ -101,6 +101,46 @@ async fn the_cli_drives_a_host() -> anyhow::Result<()> {
         let parts = cli.ok(&["partitions"], "")?;
         assert_eq!(parts.as_array().map(Vec::len), Some(2), "{parts}");
 
+        // A split on the embedded log: the halves get the next ids and keep the counts.
+        let split = cli.ok(&["partitions", "split", "wc-0", "--at", "1"], "")?;
+        assert_eq!(split["phase"], "done", "{split}");
+        assert_eq!(split["halves"], serde_json::json!(["wc-2", "wc-3"]), "{split}");
+        let parts = cli.ok(&["partitions"], "")?;
+        let shapes: Vec<(String, Value)> = parts
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| (p["id"].as_str().unwrap_or("").to_string(), p["slots"].clone()))
+            .collect();
+        assert_eq!(
+            shapes,
+            vec![
+                ("wc-1".into(), serde_json::json!([2, 4])),
+                ("wc-2".into(), serde_json::json!([0, 1])),
+                ("wc-3".into(), serde_json::json!([1, 2]))
+            ],
+            "{parts}"
+        );
+        let retired = cli.ok(&["partitions", "retired"], "")?;
+        assert_eq!(retired[0]["id"], "wc-0", "{retired}");
+        let (ok, _, err) = cli.run(&["partitions", "split", "wc-2"], "")?;
+        assert!(!ok && err.contains("409") && err.contains("one slot"), "{err}");
+        cli.ok(&["produce", "words"], "a\nb\nc\nd\n")?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        for (key, want) in [("a", 4), ("b", 2), ("c", 2), ("d", 1)] {
+            loop {
+                let (ok, got, _) = cli.run(&["get", "wc", "counts", key], "")?;
+                if ok && got["value_i64"] == want {
+                    break;
+                }
+                anyhow::ensure!(
+                    std::time::Instant::now() < deadline,
+                    "count of {key} after the split: {got}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+
         // Errors: the API's message, a non-zero exit.
         let anonymous = Cli {
             url: cli.url.clone(),

@@ -26,6 +26,7 @@ mod release;
 mod restart;
 mod scaffold;
 mod secured;
+mod split;
 mod state_scale;
 mod supervisor;
 mod swap;

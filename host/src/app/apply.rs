@@ -28,6 +28,7 @@ fn event_kind(e: &ControlEvent) -> &'static str {
         ControlEvent::Assigned(_) => "assigned",
         ControlEvent::Move(_) => "move",
         ControlEvent::Released(_) => "released",
+        ControlEvent::Split(_) => "split",
     }
 }
 
@@ -126,6 +127,14 @@ impl Baton {
             }
             // The target reads it from the log-ordered catalog.
             ControlEvent::Released(_) => self.catalog.lock().apply(event),
+            ControlEvent::Split(s) => {
+                let (pipeline, id) = (s.pipeline.clone(), s.id.clone());
+                self.catalog.lock().apply(event);
+                let effective = self.catalog.lock().split(&pipeline, &id).cloned();
+                if let Some(s) = effective {
+                    self.splits.on_split(&s);
+                }
+            }
         }
     }
 }

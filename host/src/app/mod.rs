@@ -148,6 +148,8 @@ pub struct Baton {
     pub(crate) cluster: crate::cluster::Hosts,
     /// Live moves of partitions.
     pub(crate) moves: Arc<crate::cluster::moves::Moves>,
+    /// Splits of the partitions this host owns.
+    pub(crate) splits: Arc<crate::cluster::split::Splits>,
     /// The controller, and the assignments this host writes itself.
     pub(crate) controller: Arc<crate::control::controller::Controller>,
     /// What the replay at start read.
@@ -315,6 +317,18 @@ impl Baton {
                     })
                 },
             });
+            let splits = crate::cluster::split::Splits::new(crate::cluster::split::SplitsParts {
+                host_id: host_id.clone(),
+                log: log.clone(),
+                state: state.clone(),
+                catalog: catalog_handle.clone(),
+                control: control.clone(),
+                peers: peers.clone(),
+                supervisor: supervisor.clone(),
+                steps: steps.clone(),
+                hosts: cluster.clone(),
+                stop: background_stop.clone(),
+            });
             let controller = crate::control::controller::Controller::new(
                 host_id.clone(),
                 config.cluster.clone(),
@@ -324,6 +338,7 @@ impl Baton {
                 catalog_handle.clone(),
                 control.clone(),
                 moves.clone(),
+                splits.clone(),
             );
             let pipelines = Arc::new(crate::control::pipelines::Pipelines::new(
                 config.cluster.clone(),
@@ -377,6 +392,7 @@ impl Baton {
                 address,
                 cluster,
                 moves,
+                splits,
                 controller,
                 replay,
                 background_stop,
@@ -429,6 +445,7 @@ impl Baton {
             baton.background.lock().extend([follower, controller]);
             baton.moves.settle_moves_left_by_restart(unfinished);
         }
+        baton.splits.settle_splits_left_by_restart();
         tracing::info!(data_dir = %baton.config.data_dir.display(), "baton host open");
         Ok(baton)
     }
@@ -785,6 +802,33 @@ impl Baton {
     /// Begins moving `partition` to host `to` ([`crate::cluster::moves::Moves::request_move`]).
     pub fn request_move(&self, partition: &str, to: &str) -> Result<String> {
         self.moves.request_move(partition, to)
+    }
+
+    /// Splits partition `id`, which runs on this host, at slot `at` (or where it halves the
+    /// load) ([`crate::cluster::split::Splits::split`]).
+    pub fn split_partition(
+        &self,
+        id: &str,
+        at: Option<u32>,
+    ) -> Result<crate::control::SplitRecord> {
+        self.splits.split(id, at, "asked for by hand")
+    }
+
+    /// Pauses (ms) of the splits this host made, oldest first.
+    pub fn split_pauses(&self) -> Vec<f64> {
+        self.splits.pauses()
+    }
+
+    /// The partitions of every pipeline retired by splits, with their history (moves, the
+    /// split that retired them).
+    pub fn retired_partitions(&self) -> Vec<crate::control::RetiredPartition> {
+        self.catalog
+            .lock()
+            .pipelines
+            .values()
+            .filter_map(|p| p.layout.as_ref())
+            .flat_map(|l| l.retired.iter().cloned())
+            .collect()
     }
 
     /// Takes a checkpoint of partition `id`, which runs on this host, now

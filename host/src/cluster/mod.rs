@@ -9,6 +9,7 @@
 
 pub mod membership;
 pub mod moves;
+pub mod split;
 pub mod standby;
 
 use std::collections::{BTreeMap, VecDeque};

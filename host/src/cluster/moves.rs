@@ -64,7 +64,7 @@ pub const HANDOFF_LAG: u64 = 2_000;
 /// gives up: it cannot keep up.
 pub const WARMING_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long an owner waits for its partition's loop to drain.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long an owner holds a drained partition for its new owner before it records the move
 /// abandoned (the default of `HostConfig::drained_hold`).
 pub const DRAINED_HOLD: Duration = Duration::from_secs(20);

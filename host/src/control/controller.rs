@@ -52,8 +52,7 @@ pub fn plan(
     }
     let mut changes = Vec::new();
     for p in pipelines {
-        for (i, slots) in p.spec.initial_ranges().into_iter().enumerate() {
-            let id = format!("{}-{i}", p.spec.name);
+        for crate::control::Shape { id, slots } in p.shapes() {
             let old = current.get(&id);
             let owner = match old {
                 Some(a) if load.contains_key(a.owner.as_str()) => a.owner.clone(),
@@ -102,7 +101,7 @@ pub fn plan(
                 changes.push(AssignmentRecord {
                     pipeline: p.spec.name.clone(),
                     partition: id,
-                    slots: [slots.start, slots.end],
+                    slots,
                     owner,
                     epoch: match old {
                         Some(a) if moved => a.epoch + 1,
@@ -196,6 +195,7 @@ pub struct Controller {
     catalog: Arc<Mutex<Catalog>>,
     control: Arc<ControlLog>,
     moves: Arc<Moves>,
+    splits: Arc<crate::cluster::split::Splits>,
 }
 
 impl Controller {
@@ -211,6 +211,7 @@ impl Controller {
         catalog: Arc<Mutex<Catalog>>,
         control: Arc<ControlLog>,
         moves: Arc<Moves>,
+        splits: Arc<crate::cluster::split::Splits>,
     ) -> Arc<Self> {
         Arc::new(Controller {
             host_id,
@@ -221,6 +222,7 @@ impl Controller {
             catalog,
             control,
             moves,
+            splits,
         })
     }
 
@@ -274,6 +276,26 @@ impl Controller {
                                 release: None,
                                 ..m
                             })
+                        })
+                        .collect();
+                    if !stale.is_empty() && !c.write_fenced(&mut producer, &stale) {
+                        continue;
+                    }
+                    // So are splits whose owner left, whose partition changed owner, or that
+                    // stayed begun too long.
+                    let stale: Vec<ControlEvent> = c
+                        .splits
+                        .stale_splits(&alive)
+                        .into_iter()
+                        .map(|(s, reason)| {
+                            tracing::warn!(split = %s.id, partition = %s.partition, "split given up: {reason}");
+                            ControlEvent::Split(Box::new(crate::control::SplitRecord {
+                                phase: crate::control::SplitPhase::Abandoned,
+                                reason: Some(reason),
+                                halves: Vec::new(),
+                                at: now_ms(),
+                                ..s
+                            }))
                         })
                         .collect();
                     if !stale.is_empty() && !c.write_fenced(&mut producer, &stale) {
@@ -531,6 +553,7 @@ mod tests {
             swaps: Vec::new(),
             incarnation: None,
             replays: Default::default(),
+            layout: None,
         }
     }
 

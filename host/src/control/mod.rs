@@ -59,6 +59,133 @@ pub enum ControlEvent {
     /// A move's owner drained the partition: it stopped and committed, and processes it at
     /// this epoch no more. Where its input and changelogs ended, for the target to check.
     Released(ReleaseRecord),
+    /// A split of a partition in two began, was done or was given up.
+    Split(Box<SplitRecord>),
+}
+
+/// One partition of a pipeline: its id and slots `[start, end)`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Shape {
+    /// Partition id, `<pipeline>-<n>`.
+    pub id: String,
+    /// Slots `[start, end)`.
+    pub slots: [u32; 2],
+}
+
+/// A pipeline's partitions once the first split changed them, as the control log made them.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Layout {
+    /// The partitions, in slot order.
+    pub partitions: Vec<Shape>,
+    /// The number the next new partition id gets: ids are never used twice.
+    pub next: u32,
+    /// The last splits, oldest first.
+    #[serde(default)]
+    pub splits: Vec<SplitRecord>,
+    /// Partitions split away, oldest first, with their history.
+    #[serde(default)]
+    pub retired: Vec<RetiredPartition>,
+}
+
+/// Splits kept per pipeline in the catalog (the newest).
+pub const SPLITS_KEPT: usize = 50;
+
+/// Retired partitions kept per pipeline in the catalog (the newest).
+pub const RETIRED_KEPT: usize = 200;
+
+/// Where a split is.
+#[derive(
+    Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum SplitPhase {
+    /// Recorded: its halves' ids are allocated, and the partition neither moves nor splits
+    /// again until it ends. The owner prepares, then stops the partition at a batch boundary.
+    Begun,
+    /// The halves replace the partition: it is retired, and they run on its owner.
+    Done,
+    /// Given up (see `reason`): the partition goes on as it was.
+    Abandoned,
+}
+
+impl SplitPhase {
+    /// Done or abandoned.
+    pub fn ended(self) -> bool {
+        matches!(self, SplitPhase::Done | SplitPhase::Abandoned)
+    }
+}
+
+/// A split of a partition in two at a slot, as the control log records it: one record per
+/// phase, under one id. It counts at its place in the log: it begins only from the partition's
+/// owner at its epoch with no move or other split of it under way, and is done only if the
+/// partition still has that owner and epoch then.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SplitRecord {
+    /// The split's id.
+    pub id: String,
+    /// The pipeline.
+    pub pipeline: String,
+    /// The partition split.
+    pub partition: String,
+    /// Its slots `[start, end)`.
+    pub slots: [u32; 2],
+    /// The first slot of the right half.
+    pub slot: u32,
+    /// The partition's owner, which splits it.
+    pub owner: String,
+    /// The partition's epoch when the split began.
+    pub epoch: u64,
+    /// The phase reached.
+    pub phase: SplitPhase,
+    /// The halves' ids, left then right: allocated by the catalog when the split begins.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub halves: Vec<String>,
+    /// Once done: ms during which neither the partition nor a half processed, from the
+    /// partition's final commit to the later of the halves' first guest calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_ms: Option<f64>,
+    /// Once done: where the pause went, step by step (ms each).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<MoveStep>,
+    /// Once done and compacted: the disk the halves freed by dropping each other's data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reclaimed_bytes: Option<u64>,
+    /// With `abandoned`: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Why it was asked for (by hand, or the balancer's reason).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
+    /// When the phase was reached (ms since the Unix epoch).
+    pub at: i64,
+}
+
+/// A partition split away: its last shape and owner, what replaced it, and its moves.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RetiredPartition {
+    /// Its id (never used again).
+    pub id: String,
+    /// The pipeline.
+    pub pipeline: String,
+    /// Its slots.
+    pub slots: [u32; 2],
+    /// Its last owner.
+    pub owner: String,
+    /// Its last epoch.
+    pub epoch: u64,
+    /// The split that retired it.
+    pub split: String,
+    /// The partitions that replaced it.
+    pub into: Vec<String>,
+    /// When (ms since the Unix epoch).
+    pub at: i64,
+    /// Its last moves, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moves: Vec<MoveRecord>,
 }
 
 /// The owner's release of a partition to a move's target, as the control log records it.
@@ -694,6 +821,170 @@ mod tests {
         ));
     }
 
+    /// Split `id` of p-0 (slots 0..2, at slot 1) by `owner` at `epoch`, at `phase`.
+    fn split(
+        id: &str,
+        partition: &str,
+        owner: &str,
+        epoch: u64,
+        phase: SplitPhase,
+    ) -> ControlEvent {
+        ControlEvent::Split(Box::new(SplitRecord {
+            id: id.into(),
+            pipeline: "p".into(),
+            partition: partition.into(),
+            slots: [0, 2],
+            slot: 1,
+            owner: owner.into(),
+            epoch,
+            phase,
+            halves: Vec::new(),
+            pause_ms: None,
+            steps: Vec::new(),
+            reclaimed_bytes: None,
+            reason: None,
+            cause: None,
+            at: 0,
+        }))
+    }
+
+    #[test]
+    fn a_split_counts_at_its_place_in_the_log_and_retires_its_partition() {
+        let run = |events: Vec<ControlEvent>| {
+            let mut c = Catalog::default();
+            c.apply(ControlEvent::Pipeline(Box::new(one_partition_pipeline())));
+            c.apply(assigned("a", 1, None));
+            for e in events {
+                c.apply(e);
+            }
+            c
+        };
+        // From a host that does not own the partition, or at an old epoch: never begun.
+        let c = run(vec![
+            split("s0", "p-0", "b", 1, SplitPhase::Begun),
+            split("s1", "p-0", "a", 0, SplitPhase::Begun),
+        ]);
+        assert!(c.split_under_way("p-0").is_none());
+        // Begun: the halves get the next ids; a second split and a move are refused meanwhile.
+        let c = run(vec![
+            split("s1", "p-0", "a", 1, SplitPhase::Begun),
+            split("s2", "p-0", "a", 1, SplitPhase::Begun),
+            move_phase(MovePhase::Warming),
+        ]);
+        let s = c.split_under_way("p-0").expect("under way");
+        assert_eq!(
+            (s.id.as_str(), s.halves.clone()),
+            ("s1", vec!["p-1".to_string(), "p-2".into()])
+        );
+        assert!(c.move_under_way("p-0").is_none(), "no move while splitting");
+        // A failover before the done record: the split does not count, the partition goes on.
+        let c = run(vec![
+            split("s1", "p-0", "a", 1, SplitPhase::Begun),
+            assigned("b", 2, None),
+            split("s1", "p-0", "a", 1, SplitPhase::Done),
+        ]);
+        assert_eq!(c.assignments["p-0"].owner, "b");
+        assert_eq!(c.pipelines["p"].shapes().len(), 1);
+        assert!(
+            c.split("p", "s1")
+                .is_some_and(|s| s.phase == SplitPhase::Begun)
+        );
+        // Given up first: the done record after it does not count.
+        let c = run(vec![
+            split("s1", "p-0", "a", 1, SplitPhase::Begun),
+            split("s1", "p-0", "a", 1, SplitPhase::Abandoned),
+            split("s1", "p-0", "a", 1, SplitPhase::Done),
+        ]);
+        assert_eq!(
+            c.split("p", "s1").map(|s| s.phase),
+            Some(SplitPhase::Abandoned)
+        );
+        assert!(c.assignments.contains_key("p-0"));
+        // Done: the halves replace the partition, on its owner at epoch 1; the partition is
+        // retired with its moves, and a late assignment of it does not bring it back.
+        let c = run(vec![
+            move_phase(MovePhase::Warming),
+            move_phase(MovePhase::Abandoned),
+            split("s1", "p-0", "a", 1, SplitPhase::Begun),
+            split("s1", "p-0", "a", 1, SplitPhase::Done),
+            split("s1", "p-0", "a", 1, SplitPhase::Abandoned),
+            assigned("b", 2, None),
+        ]);
+        let shapes: Vec<(String, [u32; 2])> = c.pipelines["p"]
+            .shapes()
+            .into_iter()
+            .map(|s| (s.id, s.slots))
+            .collect();
+        assert_eq!(shapes, vec![("p-1".into(), [0, 1]), ("p-2".into(), [1, 2])]);
+        assert!(!c.assignments.contains_key("p-0"));
+        for h in ["p-1", "p-2"] {
+            let a = &c.assignments[h];
+            assert_eq!((a.owner.as_str(), a.epoch), ("a", 1), "{h}");
+        }
+        let layout = c.pipelines["p"].layout.as_ref().unwrap();
+        assert_eq!(layout.retired.len(), 1);
+        assert_eq!(
+            layout.retired[0].into,
+            vec!["p-1".to_string(), "p-2".into()]
+        );
+        assert_eq!(
+            layout.retired[0].moves.len(),
+            1,
+            "its history stays readable"
+        );
+        assert_eq!(c.split("p", "s1").map(|s| s.phase), Some(SplitPhase::Done));
+        // Ids are never used twice, and survive a snapshot.
+        let mut c = Catalog::from_snapshot(
+            serde_json::from_value(serde_json::to_value(c.snapshot(9)).unwrap()).unwrap(),
+        );
+        let ControlEvent::Split(mut one_slot) = split("s2", "p-2", "a", 1, SplitPhase::Begun)
+        else {
+            unreachable!()
+        };
+        one_slot.slots = [1, 2];
+        c.apply(ControlEvent::Split(one_slot));
+        assert!(
+            c.split_under_way("p-2").is_none(),
+            "a partition of one slot does not split"
+        );
+        c.apply(assigned_to("p-2", [0, 2]));
+        assert_eq!(
+            c.assignments["p-2"].slots,
+            [1, 2],
+            "an assignment of another shape does not count"
+        );
+        let ControlEvent::Split(mut next) = split("s3", "p-1", "a", 1, SplitPhase::Begun) else {
+            unreachable!()
+        };
+        next.slots = [0, 1];
+        next.slot = 1;
+        c.apply(ControlEvent::Split(next));
+        assert!(
+            c.split_under_way("p-1").is_none(),
+            "the split slot must be inside"
+        );
+        assert_eq!(
+            c.pipelines["p"].layout.as_ref().unwrap().next,
+            3,
+            "ids never used twice"
+        );
+    }
+
+    /// An assignment of `partition` with `slots` to host c at epoch 5.
+    fn assigned_to(partition: &str, slots: [u32; 2]) -> ControlEvent {
+        ControlEvent::Assigned(AssignmentRecord {
+            pipeline: "p".into(),
+            partition: partition.into(),
+            slots,
+            owner: "c".into(),
+            epoch: 5,
+            standbys: Vec::new(),
+            at: 0,
+            move_id: None,
+            after_release: false,
+        })
+    }
+
     #[test]
     fn events_of_a_newer_host_replay_without_their_new_fields() {
         let e = parse_event(
@@ -712,8 +1003,8 @@ mod tests {
             panic!("a pipeline")
         };
         assert_eq!(p.spec.limits.cpu_ms, 100);
-        let err = parse_event(br#"{"type":"split","partition":"p-0"}"#).unwrap_err();
-        assert!(err.contains("event kind `split`"), "{err}");
+        let err = parse_event(br#"{"type":"teleport","partition":"p-0"}"#).unwrap_err();
+        assert!(err.contains("event kind `teleport`"), "{err}");
         assert!(parse_event(br#"{"type":"module","name":1}"#).is_err());
     }
 }
@@ -739,6 +1030,160 @@ impl Catalog {
         self.pipelines.get(name).cloned().ok_or_else(|| {
             crate::error::Error::NotFound(format!("pipeline `{name}` does not exist"))
         })
+    }
+
+    /// The split of `partition` under way (begun, not done nor abandoned), if any.
+    pub fn split_under_way(&self, partition: &str) -> Option<&SplitRecord> {
+        self.pipelines
+            .values()
+            .filter_map(|p| p.layout.as_ref())
+            .flat_map(|l| l.splits.iter())
+            .find(|s| s.partition == partition && !s.phase.ended())
+    }
+
+    /// The split `id` of `pipeline`, as the log made it.
+    pub fn split(&self, pipeline: &str, id: &str) -> Option<&SplitRecord> {
+        self.pipelines
+            .get(pipeline)?
+            .layout
+            .as_ref()?
+            .splits
+            .iter()
+            .find(|s| s.id == id)
+    }
+
+    /// Applies a split's record at its place in the log: see [`SplitRecord`].
+    fn apply_split(&mut self, mut s: SplitRecord) {
+        let Some(p) = self.pipelines.get(&s.pipeline) else {
+            return;
+        };
+        let shape = p.shape(&s.partition);
+        let assignment = self.assignments.get(&s.partition).cloned();
+        let owned = assignment
+            .as_ref()
+            .is_none_or(|a| a.owner == s.owner && a.epoch == s.epoch);
+        let moving = self.move_under_way(&s.partition).is_some();
+        let splitting = self.split_under_way(&s.partition).map(|u| u.id.clone());
+        let known = self.split(&s.pipeline, &s.id).cloned();
+        let p = self
+            .pipelines
+            .get_mut(&s.pipeline)
+            .expect("looked up above");
+        match s.phase {
+            SplitPhase::Begun => {
+                let fits =
+                    shape.is_some_and(|sh| sh == s.slots && sh[0] < s.slot && s.slot < sh[1]);
+                if known.is_some() || !fits || !owned || moving || splitting.is_some() {
+                    return;
+                }
+                let shapes = p.shapes();
+                let layout = p.layout.get_or_insert_with(|| {
+                    Box::new(Layout {
+                        partitions: shapes,
+                        next: p.spec.partitions,
+                        splits: Vec::new(),
+                        retired: Vec::new(),
+                    })
+                });
+                s.halves = (0..2)
+                    .map(|i| format!("{}-{}", s.pipeline, layout.next + i))
+                    .collect();
+                layout.next += 2;
+                layout.splits.push(s);
+                if layout.splits.len() > SPLITS_KEPT {
+                    layout.splits.remove(0);
+                }
+            }
+            SplitPhase::Done => {
+                let Some(layout) = p.layout.as_mut() else {
+                    return;
+                };
+                let Some(old) = layout.splits.iter_mut().find(|o| o.id == s.id) else {
+                    return;
+                };
+                match old.phase {
+                    // A later record of a done split adds what was measured after it.
+                    SplitPhase::Done => {
+                        if s.pause_ms.is_some() {
+                            old.pause_ms = s.pause_ms;
+                            old.steps = s.steps;
+                        }
+                        if s.reclaimed_bytes.is_some() {
+                            old.reclaimed_bytes = s.reclaimed_bytes;
+                        }
+                        return;
+                    }
+                    SplitPhase::Abandoned => return,
+                    SplitPhase::Begun if !owned || shape.is_none() => return,
+                    SplitPhase::Begun => {}
+                }
+                old.phase = SplitPhase::Done;
+                old.at = s.at;
+                old.pause_ms = s.pause_ms;
+                old.steps = s.steps;
+                let old = old.clone();
+                let [start, end] = old.slots;
+                let halves = [
+                    Shape {
+                        id: old.halves[0].clone(),
+                        slots: [start, old.slot],
+                    },
+                    Shape {
+                        id: old.halves[1].clone(),
+                        slots: [old.slot, end],
+                    },
+                ];
+                let at = layout
+                    .partitions
+                    .iter()
+                    .position(|sh| sh.id == old.partition)
+                    .expect("a current partition");
+                layout.partitions.splice(at..=at, halves.clone());
+                layout.retired.push(RetiredPartition {
+                    id: old.partition.clone(),
+                    pipeline: old.pipeline.clone(),
+                    slots: old.slots,
+                    owner: old.owner.clone(),
+                    epoch: old.epoch,
+                    split: old.id.clone(),
+                    into: old.halves.clone(),
+                    at: old.at,
+                    moves: self.moves.remove(&old.partition).unwrap_or_default(),
+                });
+                if layout.retired.len() > RETIRED_KEPT {
+                    layout.retired.remove(0);
+                }
+                if let Some(a) = self.assignments.remove(&old.partition) {
+                    for h in halves {
+                        self.assignments.insert(
+                            h.id.clone(),
+                            AssignmentRecord {
+                                partition: h.id,
+                                slots: h.slots,
+                                epoch: 1,
+                                standbys: Vec::new(),
+                                at: old.at,
+                                move_id: None,
+                                after_release: false,
+                                ..a.clone()
+                            },
+                        );
+                    }
+                }
+            }
+            SplitPhase::Abandoned => {
+                if let Some(old) = p
+                    .layout
+                    .as_mut()
+                    .and_then(|l| l.splits.iter_mut().find(|o| o.id == s.id))
+                    && old.phase == SplitPhase::Begun
+                {
+                    old.phase = SplitPhase::Abandoned;
+                    old.reason = s.reason;
+                    old.at = s.at;
+                }
+            }
+        }
     }
 
     /// The move of `partition` under way (not done nor abandoned), if any.
@@ -883,7 +1328,12 @@ impl Catalog {
                     self.move_under_way(&a.partition)
                         .is_some_and(|m| m.id == *id && (!a.after_release || m.release.is_some()))
                 });
-                if newer && taken_over_in_time && self.pipelines.contains_key(&a.pipeline) {
+                // Only a partition the pipeline has now: a split retires one for good.
+                let current = self
+                    .pipelines
+                    .get(&a.pipeline)
+                    .is_some_and(|p| p.shape(&a.partition) == Some(a.slots));
+                if newer && taken_over_in_time && current {
                     if let Some(id) = &a.move_id
                         && let Some(m) = self
                             .moves
@@ -903,10 +1353,11 @@ impl Catalog {
                 // of it is under way, at its place in the log: two requests that raced on two
                 // hosts start one move everywhere.
                 let refused = m.phase == MovePhase::Warming
-                    && self
+                    && (self
                         .assignments
                         .get(&m.partition)
-                        .is_none_or(|a| a.owner != m.from);
+                        .is_none_or(|a| a.owner != m.from)
+                        || self.split_under_way(&m.partition).is_some());
                 let moves = self.moves.entry(m.partition.clone()).or_default();
                 let refused = refused
                     || (m.phase == MovePhase::Warming
@@ -953,6 +1404,7 @@ impl Catalog {
                     m.release = Some(Box::new(r));
                 }
             }
+            ControlEvent::Split(split) => self.apply_split(*split),
             ControlEvent::PipelineDeleted(d) => {
                 self.assignments.retain(|_, a| a.pipeline != d.pipeline);
                 self.moves

@@ -352,6 +352,10 @@ pub struct PipelineRecord {
     /// the dead-letter topic, in the order requested.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub replays: BTreeMap<u32, Vec<(u64, u64)>>,
+    /// The partitions once the first split changed them, with what was split; absent while
+    /// the pipeline has its initial ranges. Set by the catalog, never appended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<Box<super::Layout>>,
 }
 
 fn default_prefix() -> String {
@@ -359,6 +363,32 @@ fn default_prefix() -> String {
 }
 
 impl PipelineRecord {
+    /// The pipeline's partitions, in slot order: `<pipeline>-<i>` over the initial ranges
+    /// until the first split, then as the splits left them.
+    pub fn shapes(&self) -> Vec<super::Shape> {
+        match &self.layout {
+            Some(l) => l.partitions.clone(),
+            None => self
+                .spec
+                .initial_ranges()
+                .into_iter()
+                .enumerate()
+                .map(|(i, r)| super::Shape {
+                    id: format!("{}-{i}", self.spec.name),
+                    slots: [r.start, r.end],
+                })
+                .collect(),
+        }
+    }
+
+    /// The slots of partition `id`, if it is one of the pipeline's now.
+    pub fn shape(&self, id: &str) -> Option<[u32; 2]> {
+        self.shapes()
+            .into_iter()
+            .find(|s| s.id == id)
+            .map(|s| s.slots)
+    }
+
     /// The dead-letter topic: `<prefix>.<pipeline>.dlq`.
     pub fn dlq_topic(&self) -> String {
         dlq_topic(&self.prefix, &self.spec.name)

@@ -238,6 +238,7 @@ impl Pipelines {
             prefix: self.cluster.clone(),
             swaps: Vec::new(),
             replays: BTreeMap::new(),
+            layout: None,
             incarnation: Some(
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)

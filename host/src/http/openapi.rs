@@ -331,15 +331,40 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
         Op {
             method: "get",
             path: "/api/v1/partitions",
-            summary: "The partition table: slots, owner, state, offsets, lag, restore, swaps.",
-            params: &[],
+            summary: "The partition table: slots, owner, state, offsets, lag, restore, swaps, moves. With `retired=true`: the partitions retired by splits instead, each with its last shape, owner and epoch, the split that retired it, the partitions that replaced it, and its moves.",
+            params: &[(
+                "retired",
+                "query",
+                false,
+                "With true, the retired partitions.",
+                "boolean",
+            )],
             request: None,
             ok: (
                 200,
                 "application/json",
-                Some(arr(s(|g| g.subschema_for::<PartitionInfo>()))),
+                Some(json!({"oneOf": [
+                    arr(s(|g| g.subschema_for::<PartitionInfo>())),
+                    arr(s(|g| g.subschema_for::<crate::control::RetiredPartition>())),
+                ]})),
             ),
-            errors: &[],
+            errors: &[400],
+        },
+        Op {
+            method: "post",
+            path: "/api/v1/partitions/{id}/split",
+            summary: "Splits a partition in two while it runs, on its owner (another host's partition is asked of it), and answers once the halves run. The body `{\"at\": SLOT}` names the first slot of the right half; without it (or with no body), the slot that halves the partition's records/s per slot over a second. The split is recorded in the control log; the owner flushes, stops the partition at a batch boundary with its final commit, makes each half from a hard-link checkpoint cut to its slots (DeleteRange, DeleteFilesInRange), and records the split done: the partition is retired and its halves, with new ids (`<pipeline>-<n>`), epochs and transactional ids, run on the owner. The answer carries the halves, `pause_ms` (from the final commit to the later of the halves' first guest calls) and its steps. 409 for a partition of one slot (move it instead), one moving or splitting already, or a split given up; 400 for `at` outside the partition.",
+            params: &[("id", "path", true, "Partition id.", "string")],
+            request: Some((
+                "application/json",
+                s(|g| g.subschema_for::<crate::cluster::split::SplitRequest>()),
+            )),
+            ok: (
+                200,
+                "application/json",
+                Some(s(|g| g.subschema_for::<crate::control::SplitRecord>())),
+            ),
+            errors: &[400, 401, 404, 409, 503],
         },
         Op {
             method: "post",

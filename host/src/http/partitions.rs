@@ -7,8 +7,10 @@ use axum::{Json, Router};
 
 use super::{AppState, blocking};
 use crate::cluster::moves::{DrainRequest, Drained, MoveAccepted, MoveRequest};
+use crate::cluster::split::SplitRequest;
+use crate::control::SplitRecord;
 use crate::http::ApiError;
-use crate::http::model::{CheckpointInfo, Manifest, PartitionInfo, RewindReport};
+use crate::http::model::{CheckpointInfo, Manifest, RewindReport};
 
 pub(super) fn router() -> Router<AppState> {
     Router::new()
@@ -18,6 +20,43 @@ pub(super) fn router() -> Router<AppState> {
         .route("/api/v1/partitions/{id}/checkpoint", post(checkpoint))
         .route("/api/v1/partitions/{id}/checkpoints", get(checkpoints))
         .route("/api/v1/partitions/{id}/rewind", post(rewind))
+        .route("/api/v1/partitions/{id}/split", post(split))
+}
+
+/// The query of `GET /api/v1/partitions`.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    /// With `true`: the partitions retired by splits, with their history, instead.
+    #[serde(default)]
+    retired: bool,
+}
+
+/// Splits the partition in two, on its owner (another host's partition is asked of it, with
+/// the caller's token); answers the split once its halves run.
+async fn split(
+    State(baton): State<AppState>,
+    Path(id): Path<String>,
+    headers: axum::http::HeaderMap,
+    body: bytes::Bytes,
+) -> Result<Json<SplitRecord>, ApiError> {
+    let req: SplitRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        SplitRequest::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::from(crate::error::Error::BadRequest(format!(
+                "the body must be {{\"at\": SLOT}} or empty: {e}"
+            )))
+        })?
+    };
+    let path = format!("/api/v1/partitions/{id}/split");
+    let forward = serde_json::to_value(&req).unwrap_or_default();
+    if let Some(answer) = on_owner(&baton, &id, &path, Some(forward), &headers).await {
+        return answer.map(Json);
+    }
+    Ok(Json(
+        blocking(move || baton.split_partition(&id, req.at)).await?,
+    ))
 }
 
 /// The largest answer read from a partition's owner.
@@ -126,8 +165,22 @@ async fn checkpoints(
     ))
 }
 
-async fn list(State(baton): State<AppState>) -> Json<Vec<PartitionInfo>> {
-    Json(baton.partitions())
+async fn list(
+    State(baton): State<AppState>,
+    query: Result<axum::extract::Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let axum::extract::Query(q) = query.map_err(|e| {
+        ApiError::from(crate::error::Error::BadRequest(format!(
+            "the query may hold `retired=true` only: {e}"
+        )))
+    })?;
+    let rows = if q.retired {
+        serde_json::to_value(baton.retired_partitions())
+    } else {
+        serde_json::to_value(baton.partitions())
+    };
+    rows.map(Json)
+        .map_err(|e| ApiError::from(crate::error::Error::Internal(e.to_string())))
 }
 
 /// Begins a live move; answers 202 with the move's id.

@@ -152,6 +152,28 @@ pub fn start_offset(pipeline: &PipelineRecord, input: usize, slot: u32) -> u64 {
 const SEQ_KEY: &str = "seq";
 const OUTBOX_KEY: &str = "outbox";
 
+/// The metadata keys of a database of `pipeline`'s partition over `slots` that one half of a
+/// split, keeping `keep`, deletes: every input, dead-letter and changelog position of the
+/// other slots, and the outbox of the partition's last batch, which it published already
+/// (a half re-sending it under its own producer would publish it twice).
+pub fn meta_keys_outside(
+    pipeline: &PipelineRecord,
+    slots: Range<u32>,
+    keep: Range<u32>,
+) -> Vec<String> {
+    let mut keys = vec![OUTBOX_KEY.to_string()];
+    let dlq = pipeline.dlq_topic();
+    for slot in slots.filter(|s| !keep.contains(s)) {
+        for topic in pipeline.spec.inputs.iter().chain([&dlq]) {
+            keys.push(input_offset_key(topic, slot));
+        }
+        for store in pipeline.spec.state_stores() {
+            keys.push(super::changelog_offset_key(&store, slot));
+        }
+    }
+    keys
+}
+
 /// The embedded log's side of a partition.
 pub struct EmbeddedIo {
     log: Arc<EmbeddedLog>,

@@ -149,16 +149,28 @@ pub(crate) struct PipelineRun {
     on_rollback: RollbackHook,
 }
 
+/// Joins and forgets released sessions when dropped: after the sessions that replace them
+/// started.
+struct JoinLast<'a>(&'a [Arc<PartitionHandle>], &'a Peers);
+
+impl Drop for JoinLast<'_> {
+    fn drop(&mut self) {
+        for h in self.0 {
+            h.stop();
+            h.join();
+            self.1.forget(h);
+        }
+    }
+}
+
 /// The assignments of a cluster of one host: every partition of the pipeline, at epoch 1.
 pub fn single_host_assignments(record: &PipelineRecord) -> Vec<Assignment> {
     record
-        .spec
-        .initial_ranges()
+        .shapes()
         .into_iter()
-        .enumerate()
-        .map(|(i, slots)| Assignment {
-            id: format!("{}-{i}", record.spec.name),
-            slots,
+        .map(|s| Assignment {
+            id: s.id,
+            slots: s.slots[0]..s.slots[1],
             epoch: 1,
         })
         .collect()
@@ -500,13 +512,17 @@ impl Supervisor {
         let wanted: BTreeSet<&str> = assignments.iter().map(|a| a.id.as_str()).collect();
         // Sessions here that are not assigned any more (a released one included: its move's
         // target took it over) stop and are forgotten.
-        let gone: Vec<_> = self
+        // A released one (drained for a move or a split: its final commit is done) is joined
+        // after the new ones start: its loop closing its clients must not hold them back.
+        let (drained, gone): (Vec<_>, Vec<_>) = self
             .parts
             .peers
             .handles()
             .into_iter()
             .filter(|h| h.pipeline == pipeline && !wanted.contains(h.id.as_str()))
-            .collect();
+            .partition(|h| {
+                self.parts.peers.state(&h.id) == crate::partition::peers::PeerState::Released
+            });
         for h in &gone {
             h.stop();
         }
@@ -514,6 +530,7 @@ impl Supervisor {
             h.join();
             self.parts.peers.forget(h);
         }
+        let _join_drained_last = JoinLast(&drained, &self.parts.peers);
         for id in self.parts.peers.released_without_session(pipeline) {
             if !wanted.contains(id.as_str()) {
                 self.parts.peers.forget_release(&id);

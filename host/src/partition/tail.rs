@@ -234,6 +234,19 @@ impl Tail {
         })
     }
 
+    /// Takes the changelog positions `db` holds as the changelogs' ends, where none is ahead
+    /// of what was seen: the database of a partition stopped after its final commit, whose
+    /// changelogs nobody writes after it (the other half of a split reads a copy of it).
+    pub fn expect_ends(&mut self, db: &PartitionDb) -> anyhow::Result<()> {
+        for part in &mut self.parts {
+            let (si, slot) = (part.0, part.1);
+            if let Some(end) = db.get_meta_u64(&changelog_offset_key(&self.stores[si], slot))? {
+                part.3 = part.3.max(end);
+            }
+        }
+        Ok(())
+    }
+
     /// Records between where each changelog partition is read to and its end last seen.
     pub fn behind(&self) -> u64 {
         self.parts

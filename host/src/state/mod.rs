@@ -976,6 +976,68 @@ impl PartitionDb {
         Ok(())
     }
 
+    /// Flushes every column family's memtables to SST files (waiting for the flush): what a
+    /// checkpoint taken soon after has left to flush is then small.
+    pub fn flush(&self) -> Result<()> {
+        let mut cfs = vec![self.meta()?];
+        for store in 0..self.cf_names.len() {
+            cfs.push(self.cf(store)?);
+        }
+        self.db
+            .flush_cfs_opt(&cfs, &rocksdb::FlushOptions::default())?;
+        Ok(())
+    }
+
+    /// Keeps only the slots `keep` of every store: the entries of every other slot are deleted
+    /// with range tombstones, in one write with the deletion of the metadata keys `meta`, and
+    /// the SST files that hold nothing but them are dropped at once. What one half of a split
+    /// does to its copy of the partition; [`PartitionDb::compact_dropped`] reclaims the rest.
+    pub fn keep_slots(&self, keep: std::ops::Range<u32>, meta: &[String]) -> Result<()> {
+        let mut wb = WriteBatch::default();
+        let below = (slot_key(0, &[]), slot_key(keep.start, &[]));
+        let above = (slot_key(keep.end, &[]), vec![0xff; 5]);
+        for store in 0..self.cf_names.len() {
+            let cf = self.cf(store)?;
+            for (from, to) in [&below, &above] {
+                if from < to {
+                    wb.delete_range_cf(cf, from, to);
+                }
+            }
+        }
+        let m = self.meta()?;
+        for k in meta {
+            wb.delete_cf(m, k.as_bytes());
+        }
+        self.db.write(wb)?;
+        for store in 0..self.cf_names.len() {
+            let cf = self.cf(store)?;
+            for (from, to) in [&below, &above] {
+                if from < to {
+                    self.db.delete_file_in_range_cf(cf, from, to)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Compacts the stores' ranges outside `keep` (what [`PartitionDb::keep_slots`] deleted),
+    /// so that the files left holding deleted entries are rewritten without them.
+    pub fn compact_dropped(&self, keep: std::ops::Range<u32>) -> Result<()> {
+        for store in 0..self.cf_names.len() {
+            let cf = self.cf(store)?;
+            if keep.start > 0 {
+                self.db.compact_range_cf(
+                    cf,
+                    Some(slot_key(0, &[])),
+                    Some(slot_key(keep.start, &[])),
+                );
+            }
+            self.db
+                .compact_range_cf(cf, Some(slot_key(keep.end, &[])), Some(vec![0xff; 5]));
+        }
+        Ok(())
+    }
+
     /// RocksDB's estimate of live data bytes across the stores.
     pub fn estimated_size(&self) -> u64 {
         self.stores
