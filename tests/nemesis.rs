@@ -58,6 +58,14 @@ pub enum Nemesis {
     /// `kill -9` of the controller after the owner's release, while the target is held before
     /// its take-over.
     KillControllerReleased,
+    /// `kill -9` of the owner mid-split: the partition stopped after its final commit, its
+    /// halves made, the split not yet recorded done.
+    KillOwnerSplitting,
+    /// SIGSTOP of the owner mid-split (as above), past the session timeout, then SIGCONT: the
+    /// partition is failed over and the split given up; the owner must not start the halves.
+    StopOwnerSplitting,
+    /// `kill -9` of the owner mid-checkpoint: its files uploaded, its manifest not written.
+    KillOwnerCheckpointing,
 }
 
 /// Whom the nemesis strikes.
@@ -81,6 +89,9 @@ impl Nemesis {
         Nemesis::StopTargetTakingOver,
         Nemesis::KillControllerWarming,
         Nemesis::KillControllerReleased,
+        Nemesis::KillOwnerSplitting,
+        Nemesis::StopOwnerSplitting,
+        Nemesis::KillOwnerCheckpointing,
     ];
 
     /// Its name in the table.
@@ -96,6 +107,28 @@ impl Nemesis {
             Nemesis::StopTargetTakingOver => "stop target, taking over",
             Nemesis::KillControllerWarming => "kill controller, warming",
             Nemesis::KillControllerReleased => "kill controller, released",
+            Nemesis::KillOwnerSplitting => "kill owner, splitting",
+            Nemesis::StopOwnerSplitting => "stop owner, splitting",
+            Nemesis::KillOwnerCheckpointing => "kill owner, checkpointing",
+        }
+    }
+
+    /// Whether the owner of wc-0 is struck while it splits or checkpoints it (rather than
+    /// during a move).
+    fn on_owner(self) -> bool {
+        matches!(
+            self,
+            Nemesis::KillOwnerSplitting
+                | Nemesis::StopOwnerSplitting
+                | Nemesis::KillOwnerCheckpointing
+        )
+    }
+
+    /// The key of the step held: the partition, or its first checkpoint.
+    fn key(self) -> &'static str {
+        match self {
+            Nemesis::KillOwnerCheckpointing => "wc-0/1",
+            _ => "wc-0",
         }
     }
 
@@ -114,6 +147,8 @@ impl Nemesis {
             | Nemesis::KillOwnerAfterRelease
             | Nemesis::StopTargetBeforeTakeOver
             | Nemesis::KillControllerReleased => baton::steps::MOVE_TAKE_OVER,
+            Nemesis::KillOwnerSplitting | Nemesis::StopOwnerSplitting => baton::steps::SPLIT_RECORD,
+            Nemesis::KillOwnerCheckpointing => baton::steps::CHECKPOINT_UPLOAD,
         }
     }
 
@@ -121,7 +156,10 @@ impl Nemesis {
         match self {
             Nemesis::KillOwnerAfterRelease
             | Nemesis::KillOwnerWarming
-            | Nemesis::StopOwnerWarming => Victim::Owner,
+            | Nemesis::StopOwnerWarming
+            | Nemesis::KillOwnerSplitting
+            | Nemesis::StopOwnerSplitting
+            | Nemesis::KillOwnerCheckpointing => Victim::Owner,
             Nemesis::KillControllerWarming | Nemesis::KillControllerReleased => Victim::Controller,
             _ => Victim::Target,
         }
@@ -133,6 +171,7 @@ impl Nemesis {
             Nemesis::StopOwnerWarming
                 | Nemesis::StopTargetBeforeTakeOver
                 | Nemesis::StopTargetTakingOver
+                | Nemesis::StopOwnerSplitting
         )
     }
 }
@@ -480,6 +519,9 @@ pub async fn run(nemesis: Nemesis, seed: u64, keys: usize) -> Result<Outcome> {
 }
 
 async fn run_in(nemesis: Nemesis, seed: u64, keys: usize, root: &Path) -> Result<Outcome> {
+    if nemesis.on_owner() {
+        return run_on_owner(nemesis, seed, keys, root).await;
+    }
     let mut rng = Rng::new(seed);
     let hold = rng.between(Duration::from_millis(500), Duration::from_millis(3000));
     let steps = format!("{}@wc-0={}ms", nemesis.step(), hold.as_millis());
@@ -660,6 +702,190 @@ async fn run_in(nemesis: Nemesis, seed: u64, keys: usize, root: &Path) -> Result
         two_writers,
         max_gap_ms,
         max_pause_ms,
+        open_txn,
+        moves,
+    })
+}
+
+/// The rows of every partition of `pipelines` once they cover their slots `[0, 2)` and run,
+/// with no move or split of them under way.
+async fn settled(api: &Api, pipelines: &[&str]) -> Result<Option<Vec<Value>>> {
+    let rows = api.partitions().await?;
+    for p in pipelines {
+        let mine: Vec<&Value> = rows.iter().filter(|r| r["pipeline"] == *p).collect();
+        let covered: u64 = mine
+            .iter()
+            .map(|r| r["slots"][1].as_u64().unwrap_or(0) - r["slots"][0].as_u64().unwrap_or(0))
+            .sum();
+        let quiet = mine.iter().all(|r| {
+            r["state"] == "running"
+                && r["splitting"].is_null()
+                && !r["moves"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|m| !matches!(m["phase"].as_str(), Some("done" | "abandoned")))
+        });
+        if covered != 2 || !quiet {
+            return Ok(None);
+        }
+    }
+    Ok(Some(rows))
+}
+
+/// A run that strikes the owner of wc-0 while it splits wc-0 (up-0 splits too, unstruck) or
+/// while it checkpoints wc-0.
+async fn run_on_owner(nemesis: Nemesis, seed: u64, keys: usize, root: &Path) -> Result<Outcome> {
+    let mut rng = Rng::new(seed);
+    let hold = rng.between(Duration::from_millis(500), Duration::from_millis(3000));
+    let steps = format!(
+        "{}@{}={}ms",
+        nemesis.step(),
+        nemesis.key(),
+        hold.as_millis()
+    );
+    let (mut c, input, output, commits) = deploy(root, "faults", steps, 1).await?;
+    let api = c.api()?;
+    let preloaded = preload(&api, &input, keys).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let producer = produce_until(input.clone(), stop.clone(), sent.clone(), seed);
+    tokio::time::sleep(rng.between(Duration::from_millis(500), Duration::from_millis(1500))).await;
+
+    let owner = row(&api, "wc-0").await?["owner"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let oi = c.index(&owner)?;
+    // Asked of another host than the owner, which forwards the call; it fails when the owner
+    // is struck, and is not waited for.
+    let asker = c.members[(oi + 1) % 3]
+        .host
+        .as_ref()
+        .map(|h| h.api.clone())
+        .context("a host runs")?;
+    let asks: Vec<(&str, Value)> = if nemesis == Nemesis::KillOwnerCheckpointing {
+        vec![("/api/v1/partitions/wc-0/checkpoint", Value::Null)]
+    } else {
+        vec![
+            ("/api/v1/partitions/wc-0/split", json!({"at": 1})),
+            ("/api/v1/partitions/up-0/split", json!({"at": 1})),
+        ]
+    };
+    let mut asked = Vec::new();
+    for (path, body) in asks {
+        let api = asker.clone();
+        asked.push(tokio::spawn(async move {
+            let r = api.post_json(path, &body).await;
+            (
+                path,
+                r.map(|r| (r.status, r.body)).map_err(|e| e.to_string()),
+            )
+        }));
+    }
+    crate::wait_held(
+        &c.members[oi].dir,
+        nemesis.step(),
+        nemesis.key(),
+        Duration::from_secs(90),
+    )
+    .await?;
+    tokio::time::sleep(rng.between(Duration::ZERO, hold / 2)).await;
+    let changelog = format!("{}.wc.counts.changelog", c.cluster);
+    let written = |committed: bool| -> Result<Vec<i64>> {
+        let mut e = ends(&output, 2, committed)?;
+        e.extend(ends(&changelog, 2, committed)?);
+        Ok(e)
+    };
+    let before = written(false)?;
+    let struck = Instant::now();
+    if nemesis.kills() {
+        if let Some(h) = c.members[oi].host.take() {
+            h.kill9()?;
+        }
+    } else {
+        signal(c.pid(oi)?, "-STOP")?;
+    }
+    let open_txn = loop {
+        let now = written(true)?;
+        if now.iter().zip(&before).all(|(n, b)| n >= b) {
+            break struck.elapsed();
+        }
+        if struck.elapsed() > SESSION + Duration::from_secs(30) {
+            break struck.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let out_for = if nemesis.kills() {
+        rng.between(Duration::from_millis(500), Duration::from_secs(9))
+    } else {
+        // Past the session timeout: the owner is failed over while it sleeps.
+        SESSION + rng.between(Duration::from_secs(1), Duration::from_secs(4))
+    };
+    tokio::time::sleep(out_for.saturating_sub(struck.elapsed())).await;
+    if nemesis.kills() {
+        c.start(oi).await?;
+    } else {
+        signal(c.pid(oi)?, "-CONT")?;
+    }
+    let api = c.api()?;
+    crate::wait_alive(&api, 3).await?;
+    let rows = wait_for(
+        "every partition running, no split or move under way",
+        Duration::from_secs(120),
+        || settled(&api, &["wc", "up"]),
+    )
+    .await?;
+    let mut moves = Vec::new();
+    for a in asked {
+        let (path, r) = a.await?;
+        moves.push(match r {
+            Ok((status, body)) => format!(
+                "{path}: {status} {}",
+                body.get("error")
+                    .or(body.get("phase"))
+                    .map(Value::to_string)
+                    .unwrap_or_default()
+            ),
+            Err(e) => format!("{path}: {e}"),
+        });
+    }
+    moves.push(format!(
+        "partitions after: {}",
+        rows.iter()
+            .map(|r| format!(
+                "{}@{}",
+                r["id"].as_str().unwrap_or("?"),
+                r["owner"].as_str().unwrap_or("?")
+            ))
+            .collect::<Vec<_>>()
+            .join(" ")
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    producer.await??;
+    let sent = sent.lock().unwrap().clone();
+    let total = (preloaded.len() + sent.len()) as u64;
+    api.wait_caught_up("wc", total, Duration::from_secs(120))
+        .await?;
+    api.wait_caught_up("up", total, Duration::from_secs(120))
+        .await?;
+    let Verdict {
+        lost,
+        duplicated,
+        two_writers,
+        max_gap_ms,
+    } = verdict(&api, &sent, &preloaded, &output, &commits).await?;
+    drop(c);
+    Ok(Outcome {
+        nemesis,
+        seed,
+        records: preloaded.len() + sent.len(),
+        lost,
+        duplicated,
+        two_writers,
+        max_gap_ms,
+        max_pause_ms: None,
         open_txn,
         moves,
     })

@@ -104,13 +104,22 @@ async fn the_cli_drives_a_host() -> anyhow::Result<()> {
         // A split on the embedded log: the halves get the next ids and keep the counts.
         let split = cli.ok(&["partitions", "split", "wc-0", "--at", "1"], "")?;
         assert_eq!(split["phase"], "done", "{split}");
-        assert_eq!(split["halves"], serde_json::json!(["wc-2", "wc-3"]), "{split}");
+        assert_eq!(
+            split["halves"],
+            serde_json::json!(["wc-2", "wc-3"]),
+            "{split}"
+        );
         let parts = cli.ok(&["partitions"], "")?;
         let shapes: Vec<(String, Value)> = parts
             .as_array()
             .into_iter()
             .flatten()
-            .map(|p| (p["id"].as_str().unwrap_or("").to_string(), p["slots"].clone()))
+            .map(|p| {
+                (
+                    p["id"].as_str().unwrap_or("").to_string(),
+                    p["slots"].clone(),
+                )
+            })
             .collect();
         assert_eq!(
             shapes,
@@ -124,7 +133,10 @@ async fn the_cli_drives_a_host() -> anyhow::Result<()> {
         let retired = cli.ok(&["partitions", "retired"], "")?;
         assert_eq!(retired[0]["id"], "wc-0", "{retired}");
         let (ok, _, err) = cli.run(&["partitions", "split", "wc-2"], "")?;
-        assert!(!ok && err.contains("409") && err.contains("one slot"), "{err}");
+        assert!(
+            !ok && err.contains("409") && err.contains("one slot"),
+            "{err}"
+        );
         cli.ok(&["produce", "words"], "a\nb\nc\nd\n")?;
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         for (key, want) in [("a", 4), ("b", 2), ("c", 2), ("d", 1)] {

@@ -478,6 +478,15 @@ impl Baton {
     /// The partition table: on Kafka every partition of the cluster, each as its owner last
     /// reported it (this host's own live), at the epoch of its newest assignment.
     pub fn partitions(&self) -> Vec<PartitionInfo> {
+        let mut rows = self.partition_rows();
+        let catalog = self.catalog.lock();
+        for row in &mut rows {
+            row.splitting = catalog.split_under_way(&row.id).cloned().map(Box::new);
+        }
+        rows
+    }
+
+    fn partition_rows(&self) -> Vec<PartitionInfo> {
         let local = self.supervisor.local_partitions();
         if !self.log.is_kafka() {
             return local;

@@ -77,6 +77,9 @@ pub struct PartitionInfo {
     /// then restored the rest from the checkpoint's offsets), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_from: Option<crate::state::checkpoint::Restored>,
+    /// Its split under way, if one is: its halves' ids, and the slot it splits at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub splitting: Option<Box<crate::control::SplitRecord>>,
 }
 
 impl PartitionInfo {
@@ -108,6 +111,7 @@ impl PartitionInfo {
             last_checkpoint: None,
             checkpoint_error: None,
             restored_from: None,
+            splitting: None,
         }
     }
 }

@@ -766,6 +766,7 @@ impl Supervisor {
                     last_checkpoint: h.status.last_checkpoint.lock().clone(),
                     checkpoint_error: h.status.checkpoint_error.lock().clone(),
                     restored_from: h.status.restored_from.lock().clone(),
+                    splitting: None,
                 }
             })
             .collect()
