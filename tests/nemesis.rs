@@ -66,6 +66,13 @@ pub enum Nemesis {
     StopOwnerSplitting,
     /// `kill -9` of the owner mid-checkpoint: its files uploaded, its manifest not written.
     KillOwnerCheckpointing,
+    /// `kill -9` of the host that merges two partitions (the target of the merge), after both
+    /// stopped with their final commits and the merged one caught up, before the merge is
+    /// recorded done.
+    KillTargetMerging,
+    /// `kill -9` of the owner of the partition that moves to the merging host, while it warms
+    /// there.
+    KillOwnerMerging,
 }
 
 /// Whom the nemesis strikes.
@@ -92,6 +99,8 @@ impl Nemesis {
         Nemesis::KillOwnerSplitting,
         Nemesis::StopOwnerSplitting,
         Nemesis::KillOwnerCheckpointing,
+        Nemesis::KillTargetMerging,
+        Nemesis::KillOwnerMerging,
     ];
 
     /// Its name in the table.
@@ -110,7 +119,14 @@ impl Nemesis {
             Nemesis::KillOwnerSplitting => "kill owner, splitting",
             Nemesis::StopOwnerSplitting => "stop owner, splitting",
             Nemesis::KillOwnerCheckpointing => "kill owner, checkpointing",
+            Nemesis::KillTargetMerging => "kill target, merging",
+            Nemesis::KillOwnerMerging => "kill owner, merging",
         }
+    }
+
+    /// Whether the run merges wc-0 and wc-1 (on two hosts) rather than splitting.
+    fn merges(self) -> bool {
+        matches!(self, Nemesis::KillTargetMerging | Nemesis::KillOwnerMerging)
     }
 
     /// Whether the owner of wc-0 is struck while it splits or checkpoints it (rather than
@@ -121,6 +137,8 @@ impl Nemesis {
             Nemesis::KillOwnerSplitting
                 | Nemesis::StopOwnerSplitting
                 | Nemesis::KillOwnerCheckpointing
+                | Nemesis::KillTargetMerging
+                | Nemesis::KillOwnerMerging
         )
     }
 
@@ -128,6 +146,7 @@ impl Nemesis {
     fn key(self) -> &'static str {
         match self {
             Nemesis::KillOwnerCheckpointing => "wc-0/1",
+            Nemesis::KillOwnerMerging => "wc-1",
             _ => "wc-0",
         }
     }
@@ -149,6 +168,8 @@ impl Nemesis {
             | Nemesis::KillControllerReleased => baton::steps::MOVE_TAKE_OVER,
             Nemesis::KillOwnerSplitting | Nemesis::StopOwnerSplitting => baton::steps::SPLIT_RECORD,
             Nemesis::KillOwnerCheckpointing => baton::steps::CHECKPOINT_UPLOAD,
+            Nemesis::KillTargetMerging => baton::steps::MERGE_RECORD,
+            Nemesis::KillOwnerMerging => baton::steps::MOVE_WARMING,
         }
     }
 
@@ -159,7 +180,9 @@ impl Nemesis {
             | Nemesis::StopOwnerWarming
             | Nemesis::KillOwnerSplitting
             | Nemesis::StopOwnerSplitting
-            | Nemesis::KillOwnerCheckpointing => Victim::Owner,
+            | Nemesis::KillOwnerCheckpointing
+            | Nemesis::KillTargetMerging
+            | Nemesis::KillOwnerMerging => Victim::Owner,
             Nemesis::KillControllerWarming | Nemesis::KillControllerReleased => Victim::Controller,
             _ => Victim::Target,
         }
@@ -720,6 +743,7 @@ async fn settled(api: &Api, pipelines: &[&str]) -> Result<Option<Vec<Value>>> {
         let quiet = mine.iter().all(|r| {
             r["state"] == "running"
                 && r["splitting"].is_null()
+                && r["merging"].is_null()
                 && !r["moves"]
                     .as_array()
                     .into_iter()
@@ -744,7 +768,9 @@ async fn run_on_owner(nemesis: Nemesis, seed: u64, keys: usize, root: &Path) -> 
         nemesis.key(),
         hold.as_millis()
     );
-    let (mut c, input, output, commits) = deploy(root, "faults", steps, 1).await?;
+    // A merge joins two partitions of one slot each, on two hosts: wc-1 moves to wc-0's host.
+    let partitions = if nemesis.merges() { 2 } else { 1 };
+    let (mut c, input, output, commits) = deploy(root, "faults", steps, partitions).await?;
     let api = c.api()?;
     let preloaded = preload(&api, &input, keys).await?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -752,20 +778,50 @@ async fn run_on_owner(nemesis: Nemesis, seed: u64, keys: usize, root: &Path) -> 
     let producer = produce_until(input.clone(), stop.clone(), sent.clone(), seed);
     tokio::time::sleep(rng.between(Duration::from_millis(500), Duration::from_millis(1500))).await;
 
-    let owner = row(&api, "wc-0").await?["owner"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let oi = c.index(&owner)?;
+    let owner_of = |id: &'static str| {
+        let api = api.clone();
+        async move {
+            Ok::<_, anyhow::Error>(
+                row(&api, id).await?["owner"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        }
+    };
+    let owner = owner_of("wc-0").await?;
+    // The host held: wc-0's owner (which merges, and is the target of wc-1's move).
+    let held = c.index(&owner)?;
+    let oi = match nemesis {
+        Nemesis::KillOwnerMerging => c.index(&owner_of("wc-1").await?)?,
+        _ => held,
+    };
+    if nemesis.merges() && oi == held && nemesis == Nemesis::KillOwnerMerging {
+        bail!("wc-0 and wc-1 run on one host: nothing moves to merge them");
+    }
     // Asked of another host than the owner, which forwards the call; it fails when the owner
     // is struck, and is not waited for.
-    let asker = c.members[(oi + 1) % 3]
+    let ask_at = (0..3)
+        .find(|i| *i != oi && *i != held)
+        .unwrap_or((oi + 1) % 3);
+    let asker = c.members[ask_at]
         .host
         .as_ref()
         .map(|h| h.api.clone())
         .context("a host runs")?;
     let asks: Vec<(&str, Value)> = if nemesis == Nemesis::KillOwnerCheckpointing {
         vec![("/api/v1/partitions/wc-0/checkpoint", Value::Null)]
+    } else if nemesis.merges() {
+        vec![
+            (
+                "/api/v1/partitions/merge",
+                json!({"left": "wc-0", "right": "wc-1"}),
+            ),
+            (
+                "/api/v1/partitions/merge",
+                json!({"left": "up-0", "right": "up-1"}),
+            ),
+        ]
     } else {
         vec![
             ("/api/v1/partitions/wc-0/split", json!({"at": 1})),
@@ -784,7 +840,7 @@ async fn run_on_owner(nemesis: Nemesis, seed: u64, keys: usize, root: &Path) -> 
         }));
     }
     crate::wait_held(
-        &c.members[oi].dir,
+        &c.members[held].dir,
         nemesis.step(),
         nemesis.key(),
         Duration::from_secs(90),

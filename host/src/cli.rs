@@ -133,7 +133,15 @@ pub enum PartitionsAction {
         #[arg(long)]
         at: Option<u32>,
     },
-    /// Lists the partitions retired by splits, with their history.
+    /// Merges two adjacent partitions into one while they run, on the owner of the first (the
+    /// other is moved there first when it runs elsewhere).
+    Merge {
+        /// One partition's id.
+        left: String,
+        /// The other's, adjacent to it.
+        right: String,
+    },
+    /// Lists the partitions retired by splits and merges, with their history.
     Retired,
 }
 
@@ -371,6 +379,15 @@ async fn call_api(c: &Client, call: Call) -> anyhow::Result<Value> {
                     &format!("/api/v1/partitions/{}/split", encode_path(&id)),
                 )
                 .json(&body),
+            )
+            .await
+        }
+        Call::Partitions {
+            action: Some(PartitionsAction::Merge { left, right }),
+        } => {
+            c.send(
+                c.request(Method::POST, "/api/v1/partitions/merge")
+                    .json(&json!({ "left": left, "right": right })),
             )
             .await
         }

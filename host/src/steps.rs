@@ -56,6 +56,14 @@ pub const SPLIT_QUIESCE: &str = "split.quiesce";
 /// as done. The key is the partition split.
 pub const SPLIT_RECORD: &str = "split.record";
 
+/// A merge's step: it is recorded as begun and the merged partition is made ready while both
+/// sides run; they are about to stop. The key is the left (lower) side.
+pub const MERGE_QUIESCE: &str = "merge.quiesce";
+
+/// A merge's step: both sides committed and stopped and the merged partition caught up; the
+/// merge is about to be recorded as done. The key is the left (lower) side.
+pub const MERGE_RECORD: &str = "merge.record";
+
 /// A fault, not a hold: a partition's input consumer stops fetching (its topic partitions are
 /// paused), with no error, as librdkafka's consumers have been seen to after a broker restart.
 pub const INPUT_STALL: &str = "input.stall";
@@ -83,6 +91,8 @@ pub const STEPS: &[&str] = &[
     CHECKPOINT_UPLOAD,
     SPLIT_QUIESCE,
     SPLIT_RECORD,
+    MERGE_QUIESCE,
+    MERGE_RECORD,
 ];
 
 /// Every fault that can be injected.

@@ -132,6 +132,11 @@ async fn the_cli_drives_a_host() -> anyhow::Result<()> {
         );
         let retired = cli.ok(&["partitions", "retired"], "")?;
         assert_eq!(retired[0]["id"], "wc-0", "{retired}");
+        let (ok, _, err) = cli.run(&["partitions", "merge", "wc-2", "wc-1"], "")?;
+        assert!(
+            !ok && err.contains("409") && err.contains("adjacent"),
+            "{err}"
+        );
         let (ok, _, err) = cli.run(&["partitions", "split", "wc-2"], "")?;
         assert!(
             !ok && err.contains("409") && err.contains("one slot"),
@@ -148,6 +153,32 @@ async fn the_cli_drives_a_host() -> anyhow::Result<()> {
                 anyhow::ensure!(
                     std::time::Instant::now() < deadline,
                     "count of {key} after the split: {got}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        // Merged back (named in either order): the next id, the counts kept.
+        let merged = cli.ok(&["partitions", "merge", "wc-3", "wc-2"], "")?;
+        assert_eq!(merged["phase"], "done", "{merged}");
+        assert_eq!(merged["merged"], "wc-4", "{merged}");
+        let parts = cli.ok(&["partitions"], "")?;
+        let ids: Vec<&str> = parts
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p["id"].as_str())
+            .collect();
+        assert_eq!(ids, ["wc-1", "wc-4"], "{parts}");
+        cli.ok(&["produce", "words"], "a\nd\n")?;
+        for (key, want) in [("a", 5), ("b", 2), ("c", 2), ("d", 2)] {
+            loop {
+                let (ok, got, _) = cli.run(&["get", "wc", "counts", key], "")?;
+                if ok && got["value_i64"] == want {
+                    break;
+                }
+                anyhow::ensure!(
+                    std::time::Instant::now() < deadline + Duration::from_secs(30),
+                    "count of {key} after the merge: {got}"
                 );
                 std::thread::sleep(Duration::from_millis(50));
             }

@@ -1,7 +1,7 @@
-//! Online splits: a partition becomes two on its owner while records flow, with no state
-//! copied; the halves run at once, may move like any partition, and split again. Nothing is
-//! lost or counted twice, outputs are sent exactly once, and no two hosts ever show two owners
-//! of a partition at one epoch.
+//! Online splits and merges: a partition becomes two on its owner while records flow, with no
+//! state copied; the halves run at once, may move like any partition, and split again; then
+//! neighbours merge, on one host or across two. Nothing is lost or counted twice, outputs are
+//! sent exactly once, and no two hosts ever show two owners of a partition at one epoch.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -52,13 +52,14 @@ async fn wait_running(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn partitions_split_and_move_under_load_with_exact_counts_and_outputs() -> anyhow::Result<()>
-{
+async fn partitions_split_move_and_merge_under_load_with_exact_counts_and_outputs()
+-> anyhow::Result<()> {
     let _k = kafka_lock().await;
     let steps: usize = std::env::var("BATON_TEST_SPLITS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(6);
+    let merges = steps * 2 / 3;
     let dirs: Vec<_> = (0..3)
         .map(|_| tempfile::tempdir())
         .collect::<Result<_, _>>()?;
@@ -263,6 +264,59 @@ async fn partitions_split_and_move_under_load_with_exact_counts_and_outputs() ->
         assert!(r.error().contains("move it"), "{r:?}");
     }
 
+    // Merges of neighbours, on one host or across two (the right side moves first), asked of
+    // any host.
+    let mut merge_pauses = Vec::new();
+    for i in 0..merges {
+        let pipeline = ["wc", "up"][i % 2];
+        let rows: Vec<Value> = rows_of(&apis[0], pipeline).await?.into_values().collect();
+        let mut by_slot = rows.clone();
+        by_slot.sort_by_key(|r| r["slots"][0].as_u64());
+        // Neighbours on two hosts when there are such, else on one.
+        let pairs: Vec<(Value, Value)> = by_slot
+            .windows(2)
+            .map(|w| (w[0].clone(), w[1].clone()))
+            .collect();
+        let (l, r) = pairs
+            .iter()
+            .find(|(l, r)| l["owner"] != r["owner"])
+            .or(pairs.first())
+            .cloned()
+            .expect("two partitions");
+        let (l, r) = (
+            l["id"].as_str().unwrap_or_default().to_string(),
+            r["id"].as_str().unwrap_or_default().to_string(),
+        );
+        let across = rows_of(&apis[0], pipeline).await?[&l]["owner"]
+            != rows_of(&apis[0], pipeline).await?[&r]["owner"];
+        let r2 = apis[next(3)]
+            .post_json("/api/v1/partitions/merge", &json!({"left": r, "right": l}))
+            .await?;
+        assert_eq!(r2.status, 200, "merge {i} of {l} and {r}: {r2:?}");
+        assert_eq!(r2.body["phase"], "done", "{r2:?}");
+        let merged = r2.body["merged"].as_str().unwrap_or_default().to_string();
+        let pause = r2.body["pause_ms"].as_f64();
+        assert!(pause.is_some(), "a pause measured: {r2:?}");
+        merge_pauses.extend(pause);
+        eprintln!(
+            "merge {i} of {l} and {r} ({}): pause {pause:?} ms, steps {}",
+            if across { "across hosts" } else { "one host" },
+            r2.body["steps"]
+        );
+        retired.extend([l.clone(), r.clone()]);
+        wait_running(
+            &apis,
+            &seen,
+            std::slice::from_ref(&merged),
+            &format!("{merged} running"),
+        )
+        .await?;
+        for api in &apis {
+            let rows = rows_of(api, pipeline).await?;
+            assert!(!rows.contains_key(&l) && !rows.contains_key(&r), "{rows:?}");
+        }
+    }
+
     stop.store(true, Ordering::Relaxed);
     let sent = flow.await??;
     for p in ["wc", "up"] {
@@ -341,12 +395,17 @@ async fn partitions_split_and_move_under_load_with_exact_counts_and_outputs() ->
                 .as_array()
                 .into_iter()
                 .flatten()
-                .all(|p| p["into"].as_array().is_some_and(|i| i.len() == 2)),
+                .all(|p| p["into"].as_array().is_some_and(|i| !i.is_empty())),
             "{r:?}"
         );
     }
     pauses.sort_by(f64::total_cmp);
     eprintln!("{} splits, pauses (ms): {pauses:?}", pauses.len());
+    merge_pauses.sort_by(f64::total_cmp);
+    eprintln!(
+        "{} merges, pauses (ms): {merge_pauses:?}",
+        merge_pauses.len()
+    );
     for h in hosts {
         h.stop().await?;
     }

@@ -29,6 +29,7 @@ fn event_kind(e: &ControlEvent) -> &'static str {
         ControlEvent::Move(_) => "move",
         ControlEvent::Released(_) => "released",
         ControlEvent::Split(_) => "split",
+        ControlEvent::Merge(_) => "merge",
     }
 }
 
@@ -133,6 +134,14 @@ impl Baton {
                 let effective = self.catalog.lock().split(&pipeline, &id).cloned();
                 if let Some(s) = effective {
                     self.splits.on_split(&s);
+                }
+            }
+            ControlEvent::Merge(m) => {
+                let (pipeline, id) = (m.pipeline.clone(), m.id.clone());
+                self.catalog.lock().apply(event);
+                let effective = self.catalog.lock().merge(&pipeline, &id).cloned();
+                if let Some(m) = effective {
+                    self.splits.on_merge(&m);
                 }
             }
         }

@@ -328,6 +328,7 @@ impl Baton {
                 steps: steps.clone(),
                 hosts: cluster.clone(),
                 stop: background_stop.clone(),
+                moves: moves.clone(),
             });
             let controller = crate::control::controller::Controller::new(
                 host_id.clone(),
@@ -446,6 +447,7 @@ impl Baton {
             baton.moves.settle_moves_left_by_restart(unfinished);
         }
         baton.splits.settle_splits_left_by_restart();
+        baton.splits.settle_merges_left_by_restart();
         tracing::info!(data_dir = %baton.config.data_dir.display(), "baton host open");
         Ok(baton)
     }
@@ -482,6 +484,7 @@ impl Baton {
         let catalog = self.catalog.lock();
         for row in &mut rows {
             row.splitting = catalog.split_under_way(&row.id).cloned().map(Box::new);
+            row.merging = catalog.merge_under_way(&row.id).cloned().map(Box::new);
         }
         rows
     }
@@ -826,6 +829,17 @@ impl Baton {
     /// Pauses (ms) of the splits this host made, oldest first.
     pub fn split_pauses(&self) -> Vec<f64> {
         self.splits.pauses()
+    }
+
+    /// Merges partitions `left` and `right` (adjacent) on this host, which owns `left`
+    /// ([`crate::cluster::split::Splits::merge`]).
+    pub fn merge_partitions(&self, left: &str, right: &str) -> Result<crate::control::MergeRecord> {
+        self.splits.merge(left, right, "asked for by hand")
+    }
+
+    /// Pauses (ms) of the merges this host made, oldest first.
+    pub fn merge_pauses(&self) -> Vec<f64> {
+        self.splits.merge_pauses()
     }
 
     /// The partitions of every pipeline retired by splits, with their history (moves, the

@@ -8,6 +8,7 @@
 //! others' reports. On the embedded log the cluster is this host alone.
 
 pub mod membership;
+pub mod merge;
 pub mod moves;
 pub mod split;
 pub mod standby;

@@ -54,10 +54,10 @@ use crate::partition::tail::Tail;
 use crate::state::{PartitionDb, StateEnv};
 
 /// How long a split waits for the halves' first guest calls before it records no pause.
-const FIRST_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+pub(super) const FIRST_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A half whose first fetch found nothing to process for this long ends the pause there.
-const IDLE_AFTER: Duration = Duration::from_secs(1);
+pub(super) const IDLE_AFTER: Duration = Duration::from_secs(1);
 
 /// How long the load is sampled to choose a split's slot when none is given.
 const LOAD_SAMPLE: Duration = Duration::from_secs(1);
@@ -97,21 +97,26 @@ pub struct SplitsParts {
     pub hosts: Hosts,
     /// Set when the host stops.
     pub stop: Arc<AtomicBool>,
+    /// Live moves: a merge first brings its two sides to one host.
+    pub moves: Arc<crate::cluster::moves::Moves>,
 }
 
 /// The splits this host makes as a partition's owner.
 pub struct Splits {
-    parts: SplitsParts,
-    me: Weak<Splits>,
+    pub(super) parts: SplitsParts,
+    pub(super) me: Weak<Splits>,
     pauses: Mutex<crate::cluster::moves::Pauses>,
+    /// Pauses (ms) of the merges this host made, oldest first.
+    pub(super) merge_pauses: Mutex<crate::cluster::moves::Pauses>,
 }
 
-/// A half made ready: its id, slots and open database.
-struct Half {
-    id: String,
-    slots: Range<u32>,
-    path: PathBuf,
-    db: Arc<PartitionDb>,
+/// A partition made ready (a half of a split, a merged partition): its id, slots and open
+/// database.
+pub(super) struct Half {
+    pub(super) id: String,
+    pub(super) slots: Range<u32>,
+    pub(super) path: PathBuf,
+    pub(super) db: Arc<PartitionDb>,
 }
 
 impl Splits {
@@ -121,12 +126,18 @@ impl Splits {
             parts,
             me: me.clone(),
             pauses: Mutex::new(Default::default()),
+            merge_pauses: Mutex::new(Default::default()),
         })
     }
 
     /// Pauses (ms) of the splits this host made, oldest first.
     pub fn pauses(&self) -> Vec<f64> {
         self.pauses.lock().all().to_vec()
+    }
+
+    /// Pauses (ms) of the merges this host made, oldest first.
+    pub fn merge_pauses(&self) -> Vec<f64> {
+        self.merge_pauses.lock().all().to_vec()
     }
 
     /// Splits `partition`, which runs here, at slot `at` (or where it halves the load), and
@@ -238,10 +249,13 @@ impl Splits {
 
     /// Records `s` in the control log and waits until it took effect here.
     fn record(&self, s: &SplitRecord) -> Result<u64> {
+        self.commit(ControlEvent::Split(Box::new(s.clone())))
+    }
+
+    /// Records `event` in the control log and waits until it took effect here.
+    pub(super) fn commit(&self, event: ControlEvent) -> Result<u64> {
         let _control = self.parts.control.lock();
-        self.parts
-            .control
-            .commit(ControlEvent::Split(Box::new(s.clone())))
+        self.parts.control.commit(event)
     }
 
     /// Records a later phase of `split` (again after a failed append, until the host stops).
@@ -483,7 +497,7 @@ impl Splits {
     /// Hands `half` its `prepared` clients: its reader positioned where its database is, and
     /// the group's offsets of its slots as the final commit stored them (`offsets`). Answers
     /// the half's peer, to let go once its session started.
-    fn hand_clients(
+    pub(super) fn hand_clients(
         &self,
         half: &Half,
         mut prepared: Prepared,
@@ -595,7 +609,7 @@ impl Splits {
     }
 
     /// Removes the databases of halves that never ran.
-    fn remove_halves(&self, pipeline: &str, ids: &[String], extra: &[PathBuf]) {
+    pub(super) fn remove_halves(&self, pipeline: &str, ids: &[String], extra: &[PathBuf]) {
         let mut paths: Vec<PathBuf> = ids
             .iter()
             .map(|id| self.parts.supervisor.partition_path(pipeline, id))
@@ -789,7 +803,7 @@ fn catch_up(
 }
 
 /// How long a half's catch-up may go without a record while records are still to be read.
-const CATCH_UP_IDLE: Duration = Duration::from_secs(10);
+pub(super) const CATCH_UP_IDLE: Duration = Duration::from_secs(10);
 
 /// The slot that halves `handle`'s load: per slot, the records processed over
 /// [`LOAD_SAMPLE`] (what waits, when nothing was processed), and the middle when idle.
@@ -841,7 +855,7 @@ pub fn split_point(slots: [u32; 2], load: &[u64]) -> u32 {
 }
 
 /// Bytes of the files in `dir` (not below).
-fn dir_bytes(dir: &std::path::Path) -> u64 {
+pub(super) fn dir_bytes(dir: &std::path::Path) -> u64 {
     std::fs::read_dir(dir)
         .map(|d| {
             d.flatten()

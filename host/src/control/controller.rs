@@ -301,6 +301,24 @@ impl Controller {
                     if !stale.is_empty() && !c.write_fenced(&mut producer, &stale) {
                         continue;
                     }
+                    let stale: Vec<ControlEvent> = c
+                        .splits
+                        .stale_merges(&alive)
+                        .into_iter()
+                        .map(|(m, reason)| {
+                            tracing::warn!(merge = %m.id, "merge given up: {reason}");
+                            ControlEvent::Merge(Box::new(crate::control::MergeRecord {
+                                phase: crate::control::SplitPhase::Abandoned,
+                                reason: Some(reason),
+                                merged: None,
+                                at: now_ms(),
+                                ..m
+                            }))
+                        })
+                        .collect();
+                    if !stale.is_empty() && !c.write_fenced(&mut producer, &stale) {
+                        continue;
+                    }
                     // Hosts live when this host became the controller count as known; one
                     // that joins later gets a fair share, by warm moves. While any move is
                     // under way (one of these, or one asked for by hand) the shares wait, and

@@ -61,6 +61,8 @@ pub enum ControlEvent {
     Released(ReleaseRecord),
     /// A split of a partition in two began, was done or was given up.
     Split(Box<SplitRecord>),
+    /// A merge of two adjacent partitions into one began, was done or was given up.
+    Merge(Box<MergeRecord>),
 }
 
 /// One partition of a pipeline: its id and slots `[start, end)`.
@@ -84,9 +86,58 @@ pub struct Layout {
     /// The last splits, oldest first.
     #[serde(default)]
     pub splits: Vec<SplitRecord>,
-    /// Partitions split away, oldest first, with their history.
+    /// Partitions split or merged away, oldest first, with their history.
     #[serde(default)]
     pub retired: Vec<RetiredPartition>,
+    /// The last merges, oldest first.
+    #[serde(default)]
+    pub merges: Vec<MergeRecord>,
+}
+
+/// A merge of two adjacent partitions of one host into one, as the control log records it:
+/// one record per phase, under one id. It begins only from the owner of both, at their epochs,
+/// with no move, split or other merge of either under way; it is done only if both still have
+/// that owner and those epochs then. Partitions on two hosts are first brought to one by a
+/// move.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MergeRecord {
+    /// The merge's id.
+    pub id: String,
+    /// The pipeline.
+    pub pipeline: String,
+    /// The partition of the lower slots.
+    pub left: String,
+    /// The partition of the higher slots, which starts where `left` ends.
+    pub right: String,
+    /// The slots of the two together `[start, end)`.
+    pub slots: [u32; 2],
+    /// The slot where `right` starts.
+    pub slot: u32,
+    /// The owner of both, which merges them.
+    pub owner: String,
+    /// Their epochs when the merge began.
+    pub epochs: [u64; 2],
+    /// The phase reached.
+    pub phase: SplitPhase,
+    /// The merged partition's id: allocated by the catalog when the merge begins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merged: Option<String>,
+    /// Once done: ms during which none of them processed, from the earlier of the two final
+    /// commits to the merged partition's first guest call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_ms: Option<f64>,
+    /// Once done: where the pause went, step by step (ms each).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<MoveStep>,
+    /// With `abandoned`: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Why it was asked for (by hand, or the balancer's reason).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
+    /// When the phase was reached (ms since the Unix epoch).
+    pub at: i64,
 }
 
 /// Splits kept per pipeline in the catalog (the newest).
@@ -177,8 +228,8 @@ pub struct RetiredPartition {
     pub owner: String,
     /// Its last epoch.
     pub epoch: u64,
-    /// The split that retired it.
-    pub split: String,
+    /// The split or merge that retired it.
+    pub by: String,
     /// The partitions that replaced it.
     pub into: Vec<String>,
     /// When (ms since the Unix epoch).
@@ -970,6 +1021,91 @@ mod tests {
         );
     }
 
+    /// Merge `id` of p-1 and p-2 (slots 0..1 and 1..2) by `owner` at epochs 1, at `phase`.
+    fn merge(id: &str, owner: &str, phase: SplitPhase) -> ControlEvent {
+        ControlEvent::Merge(Box::new(MergeRecord {
+            id: id.into(),
+            pipeline: "p".into(),
+            left: "p-1".into(),
+            right: "p-2".into(),
+            slots: [0, 2],
+            slot: 1,
+            owner: owner.into(),
+            epochs: [1, 1],
+            phase,
+            merged: None,
+            pause_ms: None,
+            steps: Vec::new(),
+            reason: None,
+            cause: None,
+            at: 0,
+        }))
+    }
+
+    #[test]
+    fn a_merge_counts_at_its_place_in_the_log_and_retires_both_sides() {
+        let run = |events: Vec<ControlEvent>| {
+            let mut c = Catalog::default();
+            c.apply(ControlEvent::Pipeline(Box::new(one_partition_pipeline())));
+            c.apply(assigned("a", 1, None));
+            c.apply(split("s1", "p-0", "a", 1, SplitPhase::Begun));
+            c.apply(split("s1", "p-0", "a", 1, SplitPhase::Done));
+            for e in events {
+                c.apply(e);
+            }
+            c
+        };
+        // From a host that owns neither: never begun.
+        let c = run(vec![merge("m0", "b", SplitPhase::Begun)]);
+        assert!(c.merge_under_way("p-1").is_none());
+        // Begun: the next id; a split of a side is refused meanwhile.
+        let ControlEvent::Split(mut s2) = split("s2", "p-1", "a", 1, SplitPhase::Begun) else {
+            unreachable!()
+        };
+        s2.slots = [0, 1];
+        let c = run(vec![
+            merge("m1", "a", SplitPhase::Begun),
+            ControlEvent::Split(s2),
+        ]);
+        assert_eq!(
+            c.merge_under_way("p-2").and_then(|m| m.merged.clone()),
+            Some("p-3".to_string())
+        );
+        assert!(c.split_under_way("p-1").is_none());
+        // A side failed over before the done record: it does not count.
+        let c = run(vec![
+            merge("m1", "a", SplitPhase::Begun),
+            assigned_to("p-2", [1, 2]),
+            merge("m1", "a", SplitPhase::Done),
+        ]);
+        assert!(c.assignments.contains_key("p-1") && c.assignments.contains_key("p-2"));
+        assert!(!c.assignments.contains_key("p-3"));
+        // Done: both retired, the merged partition on the owner at epoch 1.
+        let c = run(vec![
+            merge("m1", "a", SplitPhase::Begun),
+            merge("m1", "a", SplitPhase::Done),
+            merge("m1", "a", SplitPhase::Abandoned),
+        ]);
+        let shapes: Vec<(String, [u32; 2])> = c.pipelines["p"]
+            .shapes()
+            .into_iter()
+            .map(|s| (s.id, s.slots))
+            .collect();
+        assert_eq!(shapes, vec![("p-3".into(), [0, 2])]);
+        let a = &c.assignments["p-3"];
+        assert_eq!((a.owner.as_str(), a.epoch), ("a", 1));
+        let retired: Vec<&str> = c.pipelines["p"]
+            .layout
+            .as_ref()
+            .unwrap()
+            .retired
+            .iter()
+            .map(|r| r.id.as_str())
+            .collect();
+        assert_eq!(retired, ["p-0", "p-1", "p-2"]);
+        assert_eq!(c.merge("p", "m1").map(|m| m.phase), Some(SplitPhase::Done));
+    }
+
     /// An assignment of `partition` with `slots` to host c at epoch 5.
     fn assigned_to(partition: &str, slots: [u32; 2]) -> ControlEvent {
         ControlEvent::Assigned(AssignmentRecord {
@@ -1041,6 +1177,161 @@ impl Catalog {
             .find(|s| s.partition == partition && !s.phase.ended())
     }
 
+    /// The merge under way that `partition` is a side of, if any.
+    pub fn merge_under_way(&self, partition: &str) -> Option<&MergeRecord> {
+        self.pipelines
+            .values()
+            .filter_map(|p| p.layout.as_ref())
+            .flat_map(|l| l.merges.iter())
+            .find(|m| (m.left == partition || m.right == partition) && !m.phase.ended())
+    }
+
+    /// Whether a split or merge of `partition` is under way.
+    pub fn reshaping(&self, partition: &str) -> bool {
+        self.split_under_way(partition).is_some() || self.merge_under_way(partition).is_some()
+    }
+
+    /// The merge `id` of `pipeline`, as the log made it.
+    pub fn merge(&self, pipeline: &str, id: &str) -> Option<&MergeRecord> {
+        self.pipelines
+            .get(pipeline)?
+            .layout
+            .as_ref()?
+            .merges
+            .iter()
+            .find(|m| m.id == id)
+    }
+
+    /// Applies a merge's record at its place in the log: see [`MergeRecord`].
+    fn apply_merge(&mut self, mut m: MergeRecord) {
+        let Some(p) = self.pipelines.get(&m.pipeline) else {
+            return;
+        };
+        let shapes = [p.shape(&m.left), p.shape(&m.right)];
+        let owned = [&m.left, &m.right].iter().zip(m.epochs).all(|(id, epoch)| {
+            self.assignments
+                .get(id.as_str())
+                .is_none_or(|a| a.owner == m.owner && a.epoch == epoch)
+        });
+        let busy = [&m.left, &m.right]
+            .iter()
+            .any(|id| self.move_under_way(id).is_some() || self.reshaping(id));
+        let known = self.merge(&m.pipeline, &m.id).cloned();
+        let p = self
+            .pipelines
+            .get_mut(&m.pipeline)
+            .expect("looked up above");
+        let fits = matches!(shapes, [Some(l), Some(r)]
+            if l[1] == r[0] && l[1] == m.slot && [l[0], r[1]] == m.slots);
+        match m.phase {
+            SplitPhase::Begun => {
+                if known.is_some() || !fits || !owned || busy {
+                    return;
+                }
+                let current = p.shapes();
+                let layout = p.layout.get_or_insert_with(|| {
+                    Box::new(Layout {
+                        partitions: current,
+                        next: p.spec.partitions,
+                        splits: Vec::new(),
+                        retired: Vec::new(),
+                        merges: Vec::new(),
+                    })
+                });
+                m.merged = Some(format!("{}-{}", m.pipeline, layout.next));
+                layout.next += 1;
+                layout.merges.push(m);
+                if layout.merges.len() > SPLITS_KEPT {
+                    layout.merges.remove(0);
+                }
+            }
+            SplitPhase::Done => {
+                let Some(layout) = p.layout.as_mut() else {
+                    return;
+                };
+                let Some(old) = layout.merges.iter_mut().find(|o| o.id == m.id) else {
+                    return;
+                };
+                match old.phase {
+                    SplitPhase::Done => {
+                        if m.pause_ms.is_some() {
+                            old.pause_ms = m.pause_ms;
+                            old.steps = m.steps;
+                        }
+                        return;
+                    }
+                    SplitPhase::Abandoned => return,
+                    SplitPhase::Begun if !owned || !fits => return,
+                    SplitPhase::Begun => {}
+                }
+                old.phase = SplitPhase::Done;
+                old.at = m.at;
+                let old = old.clone();
+                let merged = old.merged.clone().unwrap_or_default();
+                let at = layout
+                    .partitions
+                    .iter()
+                    .position(|sh| sh.id == old.left)
+                    .expect("a current partition");
+                layout.partitions.splice(
+                    at..at + 2,
+                    [Shape {
+                        id: merged.clone(),
+                        slots: old.slots,
+                    }],
+                );
+                for (id, epoch, slots) in [
+                    (&old.left, old.epochs[0], [old.slots[0], old.slot]),
+                    (&old.right, old.epochs[1], [old.slot, old.slots[1]]),
+                ] {
+                    layout.retired.push(RetiredPartition {
+                        id: id.clone(),
+                        pipeline: old.pipeline.clone(),
+                        slots,
+                        owner: old.owner.clone(),
+                        epoch,
+                        by: old.id.clone(),
+                        into: vec![merged.clone()],
+                        at: old.at,
+                        moves: self.moves.remove(id).unwrap_or_default(),
+                    });
+                }
+                while layout.retired.len() > RETIRED_KEPT {
+                    layout.retired.remove(0);
+                }
+                let left = self.assignments.remove(&old.left);
+                let right = self.assignments.remove(&old.right);
+                if let Some(a) = left.or(right) {
+                    self.assignments.insert(
+                        merged.clone(),
+                        AssignmentRecord {
+                            partition: merged,
+                            slots: old.slots,
+                            epoch: 1,
+                            standbys: Vec::new(),
+                            at: old.at,
+                            move_id: None,
+                            after_release: false,
+                            ..a
+                        },
+                    );
+                }
+            }
+            SplitPhase::Abandoned => {
+                if let Some(old) = p
+                    .layout
+                    .as_mut()
+                    .and_then(|l| l.merges.iter_mut().find(|o| o.id == m.id))
+                    && old.phase == SplitPhase::Begun
+                {
+                    old.phase = SplitPhase::Abandoned;
+                    old.reason = m.reason;
+                    old.at = m.at;
+                }
+            }
+        }
+    }
+
     /// The split `id` of `pipeline`, as the log made it.
     pub fn split(&self, pipeline: &str, id: &str) -> Option<&SplitRecord> {
         self.pipelines
@@ -1063,7 +1354,7 @@ impl Catalog {
             .as_ref()
             .is_none_or(|a| a.owner == s.owner && a.epoch == s.epoch);
         let moving = self.move_under_way(&s.partition).is_some();
-        let splitting = self.split_under_way(&s.partition).map(|u| u.id.clone());
+        let splitting = self.reshaping(&s.partition).then(|| s.partition.clone());
         let known = self.split(&s.pipeline, &s.id).cloned();
         let p = self
             .pipelines
@@ -1083,6 +1374,7 @@ impl Catalog {
                         next: p.spec.partitions,
                         splits: Vec::new(),
                         retired: Vec::new(),
+                        merges: Vec::new(),
                     })
                 });
                 s.halves = (0..2)
@@ -1145,7 +1437,7 @@ impl Catalog {
                     slots: old.slots,
                     owner: old.owner.clone(),
                     epoch: old.epoch,
-                    split: old.id.clone(),
+                    by: old.id.clone(),
                     into: old.halves.clone(),
                     at: old.at,
                     moves: self.moves.remove(&old.partition).unwrap_or_default(),
@@ -1357,7 +1649,7 @@ impl Catalog {
                         .assignments
                         .get(&m.partition)
                         .is_none_or(|a| a.owner != m.from)
-                        || self.split_under_way(&m.partition).is_some());
+                        || self.reshaping(&m.partition));
                 let moves = self.moves.entry(m.partition.clone()).or_default();
                 let refused = refused
                     || (m.phase == MovePhase::Warming
@@ -1405,6 +1697,7 @@ impl Catalog {
                 }
             }
             ControlEvent::Split(split) => self.apply_split(*split),
+            ControlEvent::Merge(merge) => self.apply_merge(*merge),
             ControlEvent::PipelineDeleted(d) => {
                 self.assignments.retain(|_, a| a.pipeline != d.pipeline);
                 self.moves

@@ -352,6 +352,22 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
         },
         Op {
             method: "post",
+            path: "/api/v1/partitions/merge",
+            summary: "Merges two adjacent partitions of one pipeline (`left` and `right`, either order) into one while they run, on the owner of `left` (the call is forwarded there); a side on another host is first moved there, warm. The merge is recorded in the control log; the merged database is made from a hard-link checkpoint of the lower side, into which the upper side's slots are ingested (SST files, IngestExternalFile) from a checkpoint of it, with its clients and changelog reader ready; then both sides stop at a batch boundary with their final commits, the merged partition reads their last changelog records, and the merge is recorded done: both are retired and the merged partition (new id, epoch and transactional id) runs. The answer carries `merged`, `pause_ms` (from the earlier final commit to the merged partition's first guest call) and its steps. 400 for partitions of two pipelines or one named twice; 404 for one that does not exist; 409 for partitions that are not adjacent, or one moving, splitting or merging.",
+            params: &[],
+            request: Some((
+                "application/json",
+                s(|g| g.subschema_for::<crate::cluster::merge::MergeRequest>()),
+            )),
+            ok: (
+                200,
+                "application/json",
+                Some(s(|g| g.subschema_for::<crate::control::MergeRecord>())),
+            ),
+            errors: &[400, 401, 404, 409, 503],
+        },
+        Op {
+            method: "post",
             path: "/api/v1/partitions/{id}/split",
             summary: "Splits a partition in two while it runs, on its owner (another host's partition is asked of it), and answers once the halves run. The body `{\"at\": SLOT}` names the first slot of the right half; without it (or with no body), the slot that halves the partition's records/s per slot over a second. The split is recorded in the control log; the owner flushes, stops the partition at a batch boundary with its final commit, makes each half from a hard-link checkpoint cut to its slots (DeleteRange, DeleteFilesInRange), and records the split done: the partition is retired and its halves, with new ids (`<pipeline>-<n>`), epochs and transactional ids, run on the owner. The answer carries the halves, `pause_ms` (from the final commit to the later of the halves' first guest calls) and its steps. 409 for a partition of one slot (move it instead), one moving or splitting already, or a split given up; 400 for `at` outside the partition.",
             params: &[("id", "path", true, "Partition id.", "string")],

@@ -6,9 +6,10 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 
 use super::{AppState, blocking};
+use crate::cluster::merge::MergeRequest;
 use crate::cluster::moves::{DrainRequest, Drained, MoveAccepted, MoveRequest};
 use crate::cluster::split::SplitRequest;
-use crate::control::SplitRecord;
+use crate::control::{MergeRecord, SplitRecord};
 use crate::http::ApiError;
 use crate::http::model::{CheckpointInfo, Manifest, RewindReport};
 
@@ -21,6 +22,7 @@ pub(super) fn router() -> Router<AppState> {
         .route("/api/v1/partitions/{id}/checkpoints", get(checkpoints))
         .route("/api/v1/partitions/{id}/rewind", post(rewind))
         .route("/api/v1/partitions/{id}/split", post(split))
+        .route("/api/v1/partitions/merge", post(merge))
 }
 
 /// The query of `GET /api/v1/partitions`.
@@ -30,6 +32,24 @@ struct ListQuery {
     /// With `true`: the partitions retired by splits, with their history, instead.
     #[serde(default)]
     retired: bool,
+}
+
+/// Merges two adjacent partitions, on the owner of `left` (which moves `right` to itself
+/// first when it runs elsewhere); answers the merge once the merged partition runs.
+async fn merge(
+    State(baton): State<AppState>,
+    headers: axum::http::HeaderMap,
+    body: Result<Json<MergeRequest>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<MergeRecord>, ApiError> {
+    let Json(req) = body?;
+    let forward = serde_json::to_value(&req).unwrap_or_default();
+    let path = "/api/v1/partitions/merge";
+    if let Some(answer) = on_owner(&baton, &req.left, path, Some(forward), &headers).await {
+        return answer.map(Json);
+    }
+    Ok(Json(
+        blocking(move || baton.merge_partitions(&req.left, &req.right)).await?,
+    ))
 }
 
 /// Splits the partition in two, on its owner (another host's partition is asked of it, with

@@ -152,6 +152,22 @@ pub fn start_offset(pipeline: &PipelineRecord, input: usize, slot: u32) -> u64 {
 const SEQ_KEY: &str = "seq";
 const OUTBOX_KEY: &str = "outbox";
 
+/// The metadata keys of `pipeline`'s partition that belong to `slots`: every input,
+/// dead-letter and changelog position of them (what a merge copies of the other side).
+pub fn meta_keys_of(pipeline: &PipelineRecord, slots: Range<u32>) -> Vec<String> {
+    let mut keys = Vec::new();
+    let dlq = pipeline.dlq_topic();
+    for slot in slots {
+        for topic in pipeline.spec.inputs.iter().chain([&dlq]) {
+            keys.push(input_offset_key(topic, slot));
+        }
+        for store in pipeline.spec.state_stores() {
+            keys.push(super::changelog_offset_key(&store, slot));
+        }
+    }
+    keys
+}
+
 /// The metadata keys of a database of `pipeline`'s partition over `slots` that one half of a
 /// split, keeping `keep`, deletes: every input, dead-letter and changelog position of the
 /// other slots, and the outbox of the partition's last batch, which it published already
@@ -162,14 +178,8 @@ pub fn meta_keys_outside(
     keep: Range<u32>,
 ) -> Vec<String> {
     let mut keys = vec![OUTBOX_KEY.to_string()];
-    let dlq = pipeline.dlq_topic();
     for slot in slots.filter(|s| !keep.contains(s)) {
-        for topic in pipeline.spec.inputs.iter().chain([&dlq]) {
-            keys.push(input_offset_key(topic, slot));
-        }
-        for store in pipeline.spec.state_stores() {
-            keys.push(super::changelog_offset_key(&store, slot));
-        }
+        keys.extend(meta_keys_of(pipeline, slot..slot + 1));
     }
     keys
 }

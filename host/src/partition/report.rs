@@ -80,6 +80,9 @@ pub struct PartitionInfo {
     /// Its split under way, if one is: its halves' ids, and the slot it splits at.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub splitting: Option<Box<crate::control::SplitRecord>>,
+    /// The merge under way that it is a side of, if one is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merging: Option<Box<crate::control::MergeRecord>>,
 }
 
 impl PartitionInfo {
@@ -112,6 +115,7 @@ impl PartitionInfo {
             checkpoint_error: None,
             restored_from: None,
             splitting: None,
+            merging: None,
         }
     }
 }

@@ -767,6 +767,7 @@ impl Supervisor {
                     checkpoint_error: h.status.checkpoint_error.lock().clone(),
                     restored_from: h.status.restored_from.lock().clone(),
                     splitting: None,
+                    merging: None,
                 }
             })
             .collect()

@@ -1020,6 +1020,78 @@ impl PartitionDb {
         Ok(())
     }
 
+    /// Copies the entries of `slots` of every store of the database at `dir` (a checkpoint of
+    /// another partition of the same stores) into this one as ingested SST files, then the
+    /// metadata keys `meta` that it holds, in one write: what a merge adds of the other side.
+    /// Answers the entries copied.
+    pub fn ingest_slots_from(
+        &self,
+        dir: &Path,
+        slots: std::ops::Range<u32>,
+        meta: &[String],
+    ) -> Result<u64> {
+        let mut names = vec![META_CF.to_string()];
+        names.extend(self.cf_names.iter().cloned());
+        let other = DB::open_cf_for_read_only(&Options::default(), dir, names, false)?;
+        let (from, to) = (slot_key(slots.start, &[]), slot_key(slots.end, &[]));
+        let mut copied = 0u64;
+        for (store, name) in self.cf_names.iter().enumerate() {
+            let cf = other.cf_handle(name).ok_or_else(|| {
+                StateError::Corrupt(format!("no column family {name} in {}", dir.display()))
+            })?;
+            let mut ro = rocksdb::ReadOptions::default();
+            ro.set_iterate_upper_bound(to.clone());
+            // Streamed into SST files of up to 64 MiB each, ingested as each is full.
+            let dir = self.path.join(INGEST_DIR);
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| StateError::Corrupt(format!("{}: {e}", dir.display())))?;
+            let mut open: Option<(rocksdb::SstFileWriter<'_>, PathBuf, u64)> = None;
+            for item in other.iterator_cf_opt(
+                cf,
+                ro,
+                rocksdb::IteratorMode::From(&from, rocksdb::Direction::Forward),
+            ) {
+                let (k, v) = item?;
+                let (sst, _, bytes) = match &mut open {
+                    Some(o) => o,
+                    None => {
+                        let n = self
+                            .ingested
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let file = dir.join(format!("{n}.sst"));
+                        let sst = rocksdb::SstFileWriter::create(&self.store_options);
+                        sst.open(&file)?;
+                        open.insert((sst, file, 0))
+                    }
+                };
+                sst.put(&k, &v)?;
+                *bytes += (k.len() + v.len()) as u64;
+                copied += 1;
+                if *bytes >= 64 << 20
+                    && let Some((sst, file, _)) = open.take()
+                {
+                    self.ingest_file(store, sst, &file)?;
+                }
+            }
+            if let Some((sst, file, _)) = open.take() {
+                self.ingest_file(store, sst, &file)?;
+            }
+        }
+        let m = other
+            .cf_handle(META_CF)
+            .ok_or_else(|| StateError::Corrupt(format!("no metadata in {}", dir.display())))?;
+        let mut kept = Vec::new();
+        for k in meta {
+            if let Some(v) = other.get_cf(m, k.as_bytes())? {
+                kept.push((k.clone(), Some(v)));
+            }
+        }
+        if !kept.is_empty() {
+            self.commit(std::iter::empty(), &kept)?;
+        }
+        Ok(copied)
+    }
+
     /// Compacts the stores' ranges outside `keep` (what [`PartitionDb::keep_slots`] deleted),
     /// so that the files left holding deleted entries are rewritten without them.
     pub fn compact_dropped(&self, keep: std::ops::Range<u32>) -> Result<()> {
