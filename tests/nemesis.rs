@@ -626,39 +626,9 @@ async fn run_in(nemesis: Nemesis, seed: u64, keys: usize, root: &Path) -> Result
         Victim::Controller => c.index(&ctrl)?,
     };
     // Transactions are on the output and on wc's changelog.
-    let changelog = format!("{}.wc.counts.changelog", c.cluster);
-    let written = |committed: bool| -> Result<Vec<i64>> {
-        let mut e = ends(&output, 2, committed)?;
-        e.extend(ends(&changelog, 2, committed)?);
-        Ok(e)
-    };
-    let before = written(false)?;
-    let struck = Instant::now();
-    if nemesis.kills() {
-        if let Some(h) = c.members[victim].host.take() {
-            h.kill9()?;
-        }
-    } else {
-        signal(c.pid(victim)?, "-STOP")?;
-    }
-    // What was written before the fault becomes readable: committed, or aborted by a fence.
-    let open_txn = loop {
-        let now = written(true)?;
-        if now.iter().zip(&before).all(|(n, b)| n >= b) {
-            break struck.elapsed();
-        }
-        if struck.elapsed() > SESSION + Duration::from_secs(30) {
-            break struck.elapsed();
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let (struck, open_txn) = strike(&mut c, victim, nemesis.kills(), &output).await?;
     let out_for = rng.between(Duration::from_millis(500), Duration::from_secs(9));
-    tokio::time::sleep(out_for.saturating_sub(struck.elapsed())).await;
-    if nemesis.kills() {
-        c.start(victim).await?;
-    } else {
-        signal(c.pid(victim)?, "-CONT")?;
-    }
+    revive(&mut c, victim, nemesis.kills(), struck, out_for).await?;
 
     // Settle: three hosts, no move under way, both partitions running.
     let api = c.api()?;
@@ -677,22 +647,15 @@ async fn run_in(nemesis: Nemesis, seed: u64, keys: usize, root: &Path) -> Result
         Ok(ended.then_some(()))
     })
     .await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, Ordering::Relaxed);
-    producer.await??;
-    let sent = sent.lock().unwrap().clone();
-    let total = (preloaded.len() + sent.len()) as u64;
-    api.wait_caught_up("wc", total, Duration::from_secs(120))
-        .await?;
-    api.wait_caught_up("up", total, Duration::from_secs(120))
-        .await?;
-
-    let Verdict {
-        lost,
-        duplicated,
-        two_writers,
-        max_gap_ms,
-    } = verdict(&api, &sent, &preloaded, &output, &commits).await?;
+    let (
+        sent,
+        Verdict {
+            lost,
+            duplicated,
+            two_writers,
+            max_gap_ms,
+        },
+    ) = wind_down(&api, &stop, producer, &sent, &preloaded, &output, &commits).await?;
     let (mut max_pause_ms, mut moves) = (None::<f64>, Vec::new());
     for p in ["wc-0", "up-0"] {
         for m in row(&api, p).await?["moves"]
@@ -847,43 +810,14 @@ async fn run_on_owner(nemesis: Nemesis, seed: u64, keys: usize, root: &Path) -> 
     )
     .await?;
     tokio::time::sleep(rng.between(Duration::ZERO, hold / 2)).await;
-    let changelog = format!("{}.wc.counts.changelog", c.cluster);
-    let written = |committed: bool| -> Result<Vec<i64>> {
-        let mut e = ends(&output, 2, committed)?;
-        e.extend(ends(&changelog, 2, committed)?);
-        Ok(e)
-    };
-    let before = written(false)?;
-    let struck = Instant::now();
-    if nemesis.kills() {
-        if let Some(h) = c.members[oi].host.take() {
-            h.kill9()?;
-        }
-    } else {
-        signal(c.pid(oi)?, "-STOP")?;
-    }
-    let open_txn = loop {
-        let now = written(true)?;
-        if now.iter().zip(&before).all(|(n, b)| n >= b) {
-            break struck.elapsed();
-        }
-        if struck.elapsed() > SESSION + Duration::from_secs(30) {
-            break struck.elapsed();
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let (struck, open_txn) = strike(&mut c, oi, nemesis.kills(), &output).await?;
     let out_for = if nemesis.kills() {
         rng.between(Duration::from_millis(500), Duration::from_secs(9))
     } else {
         // Past the session timeout: the owner is failed over while it sleeps.
         SESSION + rng.between(Duration::from_secs(1), Duration::from_secs(4))
     };
-    tokio::time::sleep(out_for.saturating_sub(struck.elapsed())).await;
-    if nemesis.kills() {
-        c.start(oi).await?;
-    } else {
-        signal(c.pid(oi)?, "-CONT")?;
-    }
+    revive(&mut c, oi, nemesis.kills(), struck, out_for).await?;
     let api = c.api()?;
     crate::wait_alive(&api, 3).await?;
     let rows = wait_for(
@@ -917,21 +851,15 @@ async fn run_on_owner(nemesis: Nemesis, seed: u64, keys: usize, root: &Path) -> 
             .collect::<Vec<_>>()
             .join(" ")
     ));
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, Ordering::Relaxed);
-    producer.await??;
-    let sent = sent.lock().unwrap().clone();
-    let total = (preloaded.len() + sent.len()) as u64;
-    api.wait_caught_up("wc", total, Duration::from_secs(120))
-        .await?;
-    api.wait_caught_up("up", total, Duration::from_secs(120))
-        .await?;
-    let Verdict {
-        lost,
-        duplicated,
-        two_writers,
-        max_gap_ms,
-    } = verdict(&api, &sent, &preloaded, &output, &commits).await?;
+    let (
+        sent,
+        Verdict {
+            lost,
+            duplicated,
+            two_writers,
+            max_gap_ms,
+        },
+    ) = wind_down(&api, &stop, producer, &sent, &preloaded, &output, &commits).await?;
     drop(c);
     Ok(Outcome {
         nemesis,
@@ -945,6 +873,84 @@ async fn run_on_owner(nemesis: Nemesis, seed: u64, keys: usize, root: &Path) -> 
         open_txn,
         moves,
     })
+}
+
+/// Strikes host `victim` of `c` (kill -9, or SIGSTOP when not `kills`) and answers how long
+/// after the fault what was written before it to `output` and wc's changelog became readable
+/// `read_committed` (committed, or aborted by a fence).
+async fn strike(
+    c: &mut Cluster,
+    victim: usize,
+    kills: bool,
+    output: &str,
+) -> Result<(Instant, Duration)> {
+    let changelog = format!("{}.wc.counts.changelog", c.cluster);
+    let written = |committed: bool| -> Result<Vec<i64>> {
+        let mut e = ends(output, 2, committed)?;
+        e.extend(ends(&changelog, 2, committed)?);
+        Ok(e)
+    };
+    let before = written(false)?;
+    let struck = Instant::now();
+    if kills {
+        if let Some(h) = c.members[victim].host.take() {
+            h.kill9()?;
+        }
+    } else {
+        signal(c.pid(victim)?, "-STOP")?;
+    }
+    let open_txn = loop {
+        let now = written(true)?;
+        if now.iter().zip(&before).all(|(n, b)| n >= b) {
+            break struck.elapsed();
+        }
+        if struck.elapsed() > SESSION + Duration::from_secs(30) {
+            break struck.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    Ok((struck, open_txn))
+}
+
+/// Brings `victim` back `out_for` after `struck`: started again, or SIGCONT.
+async fn revive(
+    c: &mut Cluster,
+    victim: usize,
+    kills: bool,
+    struck: Instant,
+    out_for: Duration,
+) -> Result<()> {
+    tokio::time::sleep(out_for.saturating_sub(struck.elapsed())).await;
+    if kills {
+        c.start(victim).await
+    } else {
+        signal(c.pid(victim)?, "-CONT")
+    }
+}
+
+/// Stops the producer, waits until both pipelines processed every record, and checks them:
+/// the records sent and the verdict.
+#[allow(clippy::too_many_arguments)]
+async fn wind_down(
+    api: &Api,
+    stop: &AtomicBool,
+    producer: tokio::task::JoinHandle<Result<()>>,
+    sent: &Mutex<Vec<(String, String)>>,
+    preloaded: &[(String, String)],
+    output: &str,
+    commits: &str,
+) -> Result<(Vec<(String, String)>, Verdict)> {
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    producer.await??;
+    let sent = sent.lock().unwrap().clone();
+    let total = (preloaded.len() + sent.len()) as u64;
+    api.wait_caught_up("wc", total, Duration::from_secs(120))
+        .await?;
+    api.wait_caught_up("up", total, Duration::from_secs(120))
+        .await?;
+    let v = verdict(api, &sent, preloaded, output, commits).await?;
+    Ok((sent, v))
 }
 
 /// What the checker found of everything `sent`.

@@ -4,8 +4,13 @@
 //! owner's final commit to its own first guest call. The table gives p50/p99/max per state
 //! size (the partition's keys), and where the time of a median move goes, step by step.
 //!
+//! Then, in the same run and under the same load, the partition of slots 0..2 is split in two
+//! and its halves merged back, again and again (every other merge across the two hosts): the
+//! splits' and merges' pauses, and how long each call took.
+//!
 //! `cargo bench -p baton-tests --bench handoff` (part of `bench/run`). BATON_BENCH_MOVES sets
-//! the moves per size (default 50); BATON_BENCH_KEYS the sizes (default `10000,1000000`).
+//! the moves per size (default 50); BATON_BENCH_RESHAPES the splits and merges (default as
+//! many); BATON_BENCH_KEYS the sizes (default `10000,1000000`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -25,8 +30,49 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[i]
 }
 
-/// The moves of `keys` keys: each move's pause and steps.
-async fn moves_of(keys: u64, moves: usize) -> anyhow::Result<Vec<(f64, Vec<(String, f64)>)>> {
+/// What one size measured: each move's pause and steps, and the splits' and merges' pauses
+/// with how long each call took (a merge across hosts includes its warm move).
+struct Measured {
+    moves: Vec<(f64, Vec<(String, f64)>)>,
+    splits: Vec<(f64, f64)>,
+    merges: Vec<(f64, f64, bool)>,
+}
+
+/// The partition of `api`'s table holding slots `[0, 2)`, with its owner.
+async fn first_partition(api: &baton_tests::Api) -> anyhow::Result<(String, String)> {
+    api.partitions()
+        .await?
+        .into_iter()
+        .find(|p| p["slots"] == json!([0, 2]))
+        .map(|p| {
+            (
+                p["id"].as_str().unwrap_or_default().to_string(),
+                p["owner"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .context("the partition of slots 0..2")
+}
+
+/// Waits until `id` runs on `owner` as `api` shows it.
+async fn running_on(api: &baton_tests::Api, id: &str, owner: &str) -> anyhow::Result<()> {
+    wait_for(
+        &format!("{id} running on {owner}"),
+        Duration::from_secs(300),
+        || async {
+            Ok(api
+                .partitions()
+                .await?
+                .iter()
+                .any(|p| p["id"] == id && p["owner"] == owner && p["state"] == "running")
+                .then_some(()))
+        },
+    )
+    .await
+}
+
+/// The moves of `keys` keys (each move's pause and steps), then `reshapes` splits of the
+/// partition of slots 0..2 and merges of its halves back, every other one across the hosts.
+async fn moves_of(keys: u64, moves: usize, reshapes: usize) -> anyhow::Result<Measured> {
     let dirs: Vec<_> = (0..2)
         .map(|_| tempfile::tempdir())
         .collect::<Result<_, _>>()?;
@@ -172,12 +218,88 @@ async fn moves_of(keys: u64, moves: usize) -> anyhow::Result<Vec<(f64, Vec<(Stri
         );
         out.push((pause, steps));
     }
+
+    // Splits and merges under the same load.
+    let (mut splits, mut merges) = (Vec::new(), Vec::new());
+    for r in 0..reshapes {
+        let (id, owner) = first_partition(&api).await?;
+        let started = Instant::now();
+        let s = api
+            .post_json(&format!("/api/v1/partitions/{id}/split"), &json!({"at": 1}))
+            .await?;
+        anyhow::ensure!(s.status == 200, "split {r}: {s:?}");
+        let took = started.elapsed().as_secs_f64();
+        let pause = s.body["pause_ms"].as_f64().context("a split's pause")?;
+        eprintln!(
+            "{keys} keys, split {r}: pause {pause:.1} ms ({took:.2} s in all), steps {}",
+            s.body["steps"]
+        );
+        splits.push((pause, took));
+        let halves: Vec<String> = s.body["halves"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|h| h.as_str().map(str::to_string))
+            .collect();
+        anyhow::ensure!(halves.len() == 2, "{s:?}");
+        for h in &halves {
+            running_on(&api, h, &owner).await?;
+        }
+        // Every other merge joins halves on two hosts: the right one moves first.
+        let across = r % 2 == 1;
+        if across {
+            let to = if owner == "a" { "b" } else { "a" };
+            let m = api
+                .post_json(
+                    &format!("/api/v1/partitions/{}/move", halves[1]),
+                    &json!({ "to": to }),
+                )
+                .await?;
+            anyhow::ensure!(m.status == 202, "{m:?}");
+            running_on(&api, &halves[1], to).await?;
+            // Asked of the right half's host: the left half is moved to it, warm.
+        }
+        let started = Instant::now();
+        let m = api
+            .post_json(
+                "/api/v1/partitions/merge",
+                &json!({"left": halves[if across { 1 } else { 0 }], "right": halves[if across { 0 } else { 1 }]}),
+            )
+            .await?;
+        anyhow::ensure!(m.status == 200, "merge {r}: {m:?}");
+        let took = started.elapsed().as_secs_f64();
+        let pause = m.body["pause_ms"].as_f64().context("a merge's pause")?;
+        eprintln!(
+            "{keys} keys, merge {r} ({}): pause {pause:.1} ms ({took:.2} s in all), steps {}",
+            if across { "across hosts" } else { "one host" },
+            m.body["steps"]
+        );
+        merges.push((pause, took, across));
+        let merged = m.body["merged"].as_str().unwrap_or_default().to_string();
+        wait_for(
+            &format!("{merged} running"),
+            Duration::from_secs(120),
+            || async {
+                Ok(api
+                    .partitions()
+                    .await?
+                    .iter()
+                    .any(|p| p["id"] == merged.as_str() && p["state"] == "running")
+                    .then_some(()))
+            },
+        )
+        .await?;
+    }
     stop.store(true, Ordering::Relaxed);
     producer.await??;
     for h in hosts {
         h.terminate()?;
     }
-    Ok(out)
+    Ok(Measured {
+        moves: out,
+        splits,
+        merges,
+    })
 }
 
 fn main() -> anyhow::Result<()> {
@@ -193,10 +315,16 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    let reshapes: usize = std::env::var("BATON_BENCH_RESHAPES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(moves);
     let mut rows = Vec::new();
+    let mut reshaped = Vec::new();
     for keys in sizes {
-        let got = rt.block_on(moves_of(keys, moves))?;
-        rows.push((keys, got));
+        let m = rt.block_on(moves_of(keys, moves, reshapes))?;
+        rows.push((keys, m.moves));
+        reshaped.push((keys, m.splits, m.merges));
     }
     println!(
         "handoff pauses of live moves (2 hosts, word-count exactly-once, ~5,000 records/s, \
@@ -249,6 +377,56 @@ fn main() -> anyhow::Result<()> {
             }
         }
         println!();
+    }
+    println!(
+        "\nsplit and merge pauses in the same runs (the partition of slots 0..2 split at slot 1, \
+         then its halves merged back; every other merge across the two hosts, its right half \
+         moved first)\n"
+    );
+    println!(
+        "| keys in the partition | splits | split p50 ms | p99 ms | max ms | split call p50 s | max s | merges | merge p50 ms | p99 ms | max ms | merge call, one host, p50 s | merge call, across hosts (with its warm move), p50 s |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let sorted = |v: Vec<f64>| {
+        let mut v = v;
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let q = |v: &[f64], at: f64| {
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:.1}", quantile(v, at))
+        }
+    };
+    let q2 = |v: &[f64], at: f64| {
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:.2}", quantile(v, at))
+        }
+    };
+    for (keys, splits, merges) in &reshaped {
+        let sp = sorted(splits.iter().map(|s| s.0).collect());
+        let st = sorted(splits.iter().map(|s| s.1).collect());
+        let mp = sorted(merges.iter().map(|m| m.0).collect());
+        let one = sorted(merges.iter().filter(|m| !m.2).map(|m| m.1).collect());
+        let across = sorted(merges.iter().filter(|m| m.2).map(|m| m.1).collect());
+        println!(
+            "| {keys} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            sp.len(),
+            q(&sp, 0.5),
+            q(&sp, 0.99),
+            q(&sp, 1.0),
+            q2(&st, 0.5),
+            q2(&st, 1.0),
+            mp.len(),
+            q(&mp, 0.5),
+            q(&mp, 0.99),
+            q(&mp, 1.0),
+            q2(&one, 0.5),
+            q2(&across, 0.5),
+        );
     }
     Ok(())
 }

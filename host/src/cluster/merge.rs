@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use crate::cluster::split::{CATCH_UP_IDLE, FIRST_CALL_TIMEOUT, Half, IDLE_AFTER, Splits};
-use crate::control::{ControlEvent, MergeRecord, MoveStep, SplitPhase, now_ms};
+use crate::cluster::split::{CATCH_UP_IDLE, Half, Splits};
+use crate::control::{ControlEvent, MergeRecord, SplitPhase, now_ms};
 use crate::error::{Error, Result};
 use crate::partition::kafka::Prepared;
 use crate::partition::supervisor::PartitionHandle;
@@ -495,37 +495,15 @@ impl Splits {
         drop(released);
         drop((left, right));
         // The pause ends at the merged partition's first guest call.
-        let until = Instant::now() + FIRST_CALL_TIMEOUT;
-        let mut ready = None;
-        while Instant::now() < until && ready.is_none() {
-            if let Some(h) = self.parts.peers.running(&merged_id) {
-                let call = *h.status.first_call.lock();
-                let idle = h
-                    .status
-                    .first_fetch
-                    .lock()
-                    .filter(|t| t.elapsed() > IDLE_AFTER);
-                if let Some(t) = call.or(idle) {
-                    marks.extend(h.status.steps.lock().iter().copied());
-                    marks.push(("first-call", t));
-                    ready = Some(t);
-                }
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let ready = self.wait_first_calls(
+            &merge.id,
+            std::slice::from_ref(&merged_id),
+            &["first-call"],
+            &mut marks,
+        );
         let mut out = self.effective_merge(&merge).unwrap_or(merge.clone());
         if let Some(at) = ready {
-            marks.sort_by_key(|(_, t)| *t);
-            let mut steps = Vec::new();
-            let mut prev = final_commit;
-            for (step, t) in &marks {
-                steps.push(MoveStep {
-                    step: step.to_string(),
-                    ms: t.saturating_duration_since(prev).as_secs_f64() * 1e3,
-                });
-                prev = prev.max(*t);
-            }
-            let pause = at.saturating_duration_since(final_commit).as_secs_f64() * 1e3;
+            let (pause, steps) = crate::cluster::split::pause_steps(final_commit, at, marks);
             self.merge_pauses.lock().push(pause);
             tracing::info!(merge = %merge.id, pause_ms = pause, ?steps, "merge done");
             if let Err(e) = self.record_merge(&merge, SplitPhase::Done, |m| {
@@ -603,19 +581,7 @@ impl Splits {
                         .get(id.as_str())
                         .is_some_and(|a| a.owner != m.owner || a.epoch != e)
                 });
-                let why = if !alive.contains(&m.owner) {
-                    Some(format!("the owner `{}` left the cluster", m.owner))
-                } else if changed {
-                    Some("a side changed owner".to_string())
-                } else if now_ms() - m.at > crate::cluster::split::SPLIT_TIMEOUT.as_millis() as i64
-                {
-                    Some(format!(
-                        "not done within {} s of its start",
-                        crate::cluster::split::SPLIT_TIMEOUT.as_secs()
-                    ))
-                } else {
-                    None
-                };
+                let why = crate::cluster::split::stale_reason(alive, &m.owner, changed, m.at);
                 if let Some(why) = why {
                     stale.push((m.clone(), why));
                 }

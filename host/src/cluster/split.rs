@@ -54,10 +54,10 @@ use crate::partition::tail::Tail;
 use crate::state::{PartitionDb, StateEnv};
 
 /// How long a split waits for the halves' first guest calls before it records no pause.
-pub(super) const FIRST_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+const FIRST_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A half whose first fetch found nothing to process for this long ends the pause there.
-pub(super) const IDLE_AFTER: Duration = Duration::from_secs(1);
+const IDLE_AFTER: Duration = Duration::from_secs(1);
 
 /// How long the load is sampled to choose a split's slot when none is given.
 const LOAD_SAMPLE: Duration = Duration::from_secs(1);
@@ -432,20 +432,15 @@ impl Splits {
         released.join();
         drop(released);
         drop(handle);
-        let ready = self.wait_first_calls(&split, &mut marks);
+        let ready = self.wait_first_calls(
+            &split.id,
+            &split.halves,
+            &["left-first-call", "right-first-call"],
+            &mut marks,
+        );
         let mut out = self.effective(&split).unwrap_or(done);
         if let Some(at) = ready {
-            marks.sort_by_key(|(_, t)| *t);
-            let mut steps = Vec::new();
-            let mut prev = final_commit;
-            for (step, t) in &marks {
-                steps.push(MoveStep {
-                    step: step.to_string(),
-                    ms: t.saturating_duration_since(prev).as_secs_f64() * 1e3,
-                });
-                prev = prev.max(*t);
-            }
-            let pause = at.saturating_duration_since(final_commit).as_secs_f64() * 1e3;
+            let (pause, steps) = pause_steps(final_commit, at, marks);
             self.pauses.lock().push(pause);
             tracing::info!(split = %split.id, partition, pause_ms = pause, ?steps, "split done");
             self.record_phase(&split, SplitPhase::Done, |s| {
@@ -629,17 +624,20 @@ impl Splits {
         }
     }
 
-    /// Waits for both halves' first guest calls (or a first fetch that found nothing for a
-    /// while); answers the later one.
-    fn wait_first_calls(
+    /// Waits for the first guest call of each of `ids`, named `names` in the pause's steps (or a
+    /// first fetch that found nothing for a while); answers the latest. The first one's session
+    /// steps join `marks`.
+    pub(super) fn wait_first_calls(
         &self,
-        split: &SplitRecord,
+        what: &str,
+        ids: &[String],
+        names: &[&'static str],
         marks: &mut Vec<(&'static str, Instant)>,
     ) -> Option<Instant> {
         let until = Instant::now() + FIRST_CALL_TIMEOUT;
-        let mut ready: Vec<Option<Instant>> = vec![None; split.halves.len()];
+        let mut ready: Vec<Option<Instant>> = vec![None; ids.len()];
         while Instant::now() < until {
-            for (i, id) in split.halves.iter().enumerate() {
+            for (i, id) in ids.iter().enumerate() {
                 if ready[i].is_some() {
                     continue;
                 }
@@ -657,14 +655,7 @@ impl Splits {
                     if i == 0 {
                         marks.extend(h.status.steps.lock().iter().copied());
                     }
-                    marks.push((
-                        if i == 0 {
-                            "left-first-call"
-                        } else {
-                            "right-first-call"
-                        },
-                        t,
-                    ));
+                    marks.push((names[i.min(names.len() - 1)], t));
                 }
             }
             if ready.iter().all(Option::is_some) {
@@ -675,7 +666,7 @@ impl Splits {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        tracing::warn!(split = %split.id, "the halves made no first guest call within 30 s");
+        tracing::warn!("{what}: no first guest call within 30 s");
         None
     }
 
@@ -764,18 +755,8 @@ impl Splits {
                 .filter(|s| s.phase == SplitPhase::Begun)
             {
                 let a = catalog.assignments.get(&s.partition);
-                let why = if !alive.contains(&s.owner) {
-                    Some(format!("the owner `{}` left the cluster", s.owner))
-                } else if a.is_some_and(|a| a.owner != s.owner || a.epoch != s.epoch) {
-                    Some("the partition changed owner".to_string())
-                } else if now_ms() - s.at > SPLIT_TIMEOUT.as_millis() as i64 {
-                    Some(format!(
-                        "not done within {} s of its start",
-                        SPLIT_TIMEOUT.as_secs()
-                    ))
-                } else {
-                    None
-                };
+                let changed = a.is_some_and(|a| a.owner != s.owner || a.epoch != s.epoch);
+                let why = stale_reason(alive, &s.owner, changed, s.at);
                 if let Some(why) = why {
                     stale.push((s.clone(), why));
                 }
@@ -852,6 +833,52 @@ pub fn split_point(slots: [u32; 2], load: &[u64]) -> u32 {
         }
     }
     best.1
+}
+
+/// Why the controller gives up a split or merge that `owner` began at `at` (ms), if it does:
+/// its owner left the cluster, a partition of it `changed` owner or epoch, or it stayed begun
+/// longer than [`SPLIT_TIMEOUT`].
+pub(super) fn stale_reason(
+    alive: &[String],
+    owner: &str,
+    changed: bool,
+    at: i64,
+) -> Option<String> {
+    if !alive.iter().any(|h| h == owner) {
+        Some(format!("the owner `{owner}` left the cluster"))
+    } else if changed {
+        Some("a partition of it changed owner".to_string())
+    } else if now_ms() - at > SPLIT_TIMEOUT.as_millis() as i64 {
+        Some(format!(
+            "not done within {} s of its start",
+            SPLIT_TIMEOUT.as_secs()
+        ))
+    } else {
+        None
+    }
+}
+
+/// The pause from `from` to `to` (ms), and its steps: the time between each of `marks` (in
+/// time order) and the one before it, from `from` on.
+pub(super) fn pause_steps(
+    from: Instant,
+    to: Instant,
+    mut marks: Vec<(&'static str, Instant)>,
+) -> (f64, Vec<MoveStep>) {
+    marks.sort_by_key(|(_, t)| *t);
+    let mut steps = Vec::new();
+    let mut prev = from;
+    for (step, t) in marks {
+        steps.push(MoveStep {
+            step: step.to_string(),
+            ms: t.saturating_duration_since(prev).as_secs_f64() * 1e3,
+        });
+        prev = prev.max(t);
+    }
+    (
+        to.saturating_duration_since(from).as_secs_f64() * 1e3,
+        steps,
+    )
 }
 
 /// Bytes of the files in `dir` (not below).
