@@ -2,6 +2,7 @@
 //! wasm32-wasip2 by the build script, and a real Apache Kafka broker started by `scripts/kafka`.
 
 mod api;
+mod balance;
 mod checkpoints;
 mod cli;
 mod cluster;

@@ -150,6 +150,8 @@ pub struct Baton {
     pub(crate) moves: Arc<crate::cluster::moves::Moves>,
     /// Splits of the partitions this host owns.
     pub(crate) splits: Arc<crate::cluster::split::Splits>,
+    /// Auto-balance, while this host is the controller.
+    pub(crate) balancer: Arc<crate::cluster::balancer::Balancer>,
     /// The controller, and the assignments this host writes itself.
     pub(crate) controller: Arc<crate::control::controller::Controller>,
     /// What the replay at start read.
@@ -330,6 +332,33 @@ impl Baton {
                 stop: background_stop.clone(),
                 moves: moves.clone(),
             });
+            let balancer =
+                crate::cluster::balancer::Balancer::new(crate::cluster::balancer::BalancerParts {
+                    host_id: host_id.clone(),
+                    hosts: cluster.clone(),
+                    catalog: catalog_handle.clone(),
+                    splits: splits.clone(),
+                    moves: moves.clone(),
+                    rows: {
+                        let me = me.clone();
+                        Box::new(move || me.upgrade().map(|b| b.partitions()).unwrap_or_default())
+                    },
+                    ask: {
+                        let (hosts, token) = (cluster.clone(), config.token.clone());
+                        Box::new(move |host: &str, path: &str, body: serde_json::Value| {
+                            let url = hosts.address_of(host).ok_or_else(|| {
+                                format!("the address of host `{host}` is not known")
+                            })?;
+                            crate::cluster::moves::post_json(
+                                &url,
+                                path,
+                                &body,
+                                token.as_deref(),
+                                std::time::Duration::from_secs(120),
+                            )
+                        })
+                    },
+                });
             let controller = crate::control::controller::Controller::new(
                 host_id.clone(),
                 config.cluster.clone(),
@@ -394,6 +423,7 @@ impl Baton {
                 cluster,
                 moves,
                 splits,
+                balancer,
                 controller,
                 replay,
                 background_stop,
@@ -442,8 +472,12 @@ impl Baton {
                     },
                 )?
             };
-            let controller = baton.controller.run(stop)?;
-            baton.background.lock().extend([follower, controller]);
+            let controller = baton.controller.run(stop.clone())?;
+            let balancer = baton.balancer.run(stop)?;
+            baton
+                .background
+                .lock()
+                .extend([follower, controller, balancer]);
             baton.moves.settle_moves_left_by_restart(unfinished);
         }
         baton.splits.settle_splits_left_by_restart();
@@ -840,6 +874,16 @@ impl Baton {
     /// Pauses (ms) of the merges this host made, oldest first.
     pub fn merge_pauses(&self) -> Vec<f64> {
         self.splits.merge_pauses()
+    }
+
+    /// The balancer's decisions on this host (while it is the controller), oldest first.
+    pub fn balancer_log(&self) -> Vec<crate::cluster::balancer::Decision> {
+        self.balancer.log()
+    }
+
+    /// The balancer's decisions per (pipeline, action) on this host.
+    pub fn balancer_counts(&self) -> Vec<(String, &'static str, u64)> {
+        self.balancer.counts()
     }
 
     /// The partitions of every pipeline retired by splits, with their history (moves, the

@@ -7,6 +7,7 @@
 //! second to the compacted topic `<cluster>.load`, keyed by its id, and tails that topic for the
 //! others' reports. On the embedded log the cluster is this host alone.
 
+pub mod balancer;
 pub mod membership;
 pub mod merge;
 pub mod moves;

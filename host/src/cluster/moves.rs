@@ -1385,7 +1385,7 @@ pub fn quantile(values: &[f64], q: f64) -> Option<f64> {
 }
 
 /// Posts `body` as JSON to `path` of the host at `base`; answers the JSON reply.
-fn post_json<B: Serialize, T: serde::de::DeserializeOwned>(
+pub(crate) fn post_json<B: Serialize, T: serde::de::DeserializeOwned>(
     base: &str,
     path: &str,
     body: &B,

@@ -450,6 +450,9 @@ pub struct PipelineUpdate {
     /// New checkpoint interval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_interval_s: Option<u64>,
+    /// New auto-balance settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balance: Option<pipeline::BalancePolicy>,
     /// When (ms since the epoch).
     pub at: i64,
     /// Set when a partition refused the settings before and this puts the previous ones back.
@@ -477,6 +480,9 @@ impl PipelineUpdate {
         }
         if let Some(c) = self.checkpoint_interval_s {
             spec.checkpoint_interval_s = Some(c);
+        }
+        if let Some(b) = &self.balance {
+            spec.balance = b.clone();
         }
     }
 }

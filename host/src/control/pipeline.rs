@@ -110,6 +110,98 @@ pub struct PipelineSpec {
     /// pipeline records in its spec.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_interval_s: Option<u64>,
+    /// `balance = { enabled = true, ... }`: auto-balance of this pipeline's partitions (off by
+    /// default): see [`BalancePolicy`].
+    #[serde(default, skip_serializing_if = "BalancePolicy::is_off_by_default")]
+    pub balance: BalancePolicy,
+}
+
+/// Auto-balance of a pipeline (`balance = { ... }` in the spec; `PATCH` changes it). The
+/// controller splits hot partitions, moves partitions off overloaded hosts and merges cold
+/// neighbours, from its hosts' load reports; see `cluster::balancer`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct BalancePolicy {
+    /// Whether the controller balances this pipeline. Default false.
+    pub enabled: bool,
+    /// A partition taking at least this many input records/s splits (one of one slot moves).
+    /// Default 20,000.
+    pub split_records_per_s: f64,
+    /// A partition spending at least this share of a core in guest calls splits. Default 0.8.
+    pub split_guest_cpu: f64,
+    /// Two neighbours each below this many records/s, and together below half of
+    /// `split_records_per_s`, merge; 0 never merges. Default 100.
+    pub merge_records_per_s: f64,
+    /// A host whose partitions take at least this many records/s in all moves its busiest one
+    /// to the least loaded host. Default 100,000.
+    pub host_records_per_s: f64,
+    /// No decision touches a slot that a decision touched less than this long ago (seconds).
+    /// Default 300.
+    pub cooldown_s: u64,
+    /// The rates are measured over this long (seconds), and a partition is looked at once it
+    /// has run that long. Default 30.
+    pub window_s: u64,
+}
+
+impl Default for BalancePolicy {
+    fn default() -> Self {
+        BalancePolicy {
+            enabled: false,
+            split_records_per_s: 20_000.0,
+            split_guest_cpu: 0.8,
+            merge_records_per_s: 100.0,
+            host_records_per_s: 100_000.0,
+            cooldown_s: 300,
+            window_s: 30,
+        }
+    }
+}
+
+impl BalancePolicy {
+    /// The default, left out of a spec's JSON.
+    pub fn is_off_by_default(&self) -> bool {
+        *self == BalancePolicy::default()
+    }
+
+    /// Checks the settings; the error names the one out of range.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("split_records_per_s", self.split_records_per_s),
+            ("split_guest_cpu", self.split_guest_cpu),
+            ("host_records_per_s", self.host_records_per_s),
+        ];
+        for (name, v) in positive {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(format!("`balance.{name}` must be above 0 (got {v})"));
+            }
+        }
+        if !(self.merge_records_per_s.is_finite() && self.merge_records_per_s >= 0.0) {
+            return Err(format!(
+                "`balance.merge_records_per_s` must be 0 or more (got {})",
+                self.merge_records_per_s
+            ));
+        }
+        if self.merge_records_per_s * 2.0 >= self.split_records_per_s {
+            return Err(format!(
+                "`balance.merge_records_per_s` ({}) must be under half of split_records_per_s ({}), \
+                 or what a merge makes could split again",
+                self.merge_records_per_s, self.split_records_per_s
+            ));
+        }
+        if !(2..=3600).contains(&self.window_s) {
+            return Err(format!(
+                "`balance.window_s` must be 2 to 3600 (got {})",
+                self.window_s
+            ));
+        }
+        if self.cooldown_s > 86_400 {
+            return Err(format!(
+                "`balance.cooldown_s` must be at most 86400 (got {})",
+                self.cooldown_s
+            ));
+        }
+        Ok(())
+    }
 }
 
 pub use crate::runtime::time::TIME_STORE;
@@ -251,6 +343,7 @@ impl PipelineSpec {
                 self.commit_interval_ms()
             ));
         }
+        self.balance.validate()?;
         if self.checkpoint_interval_s() > MAX_CHECKPOINT_INTERVAL_S {
             return Err(format!(
                 "checkpoint_interval_s = {} is out of range: use 0 (only on demand) to \

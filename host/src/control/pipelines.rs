@@ -74,6 +74,9 @@ pub struct PipelinePatch {
     pub commit_interval_ms: Option<u64>,
     /// New checkpoint interval, in seconds (0: only on demand).
     pub checkpoint_interval_s: Option<u64>,
+    /// New auto-balance settings (the whole `balance` object).
+    #[serde(default)]
+    pub balance: Option<crate::control::pipeline::BalancePolicy>,
 }
 
 /// Where a new pipeline's partitions go: its first assignments (the host wires it in).
@@ -549,10 +552,11 @@ impl Pipelines {
             && patch.wasi.is_none()
             && patch.commit_interval_ms.is_none()
             && patch.checkpoint_interval_s.is_none()
+            && patch.balance.is_none()
         {
             return Err(Error::BadRequest(
                 "nothing to change: send any of limits, config, swap, wasi, commit_interval_ms, \
-                 checkpoint_interval_s"
+                 checkpoint_interval_s, balance"
                     .into(),
             ));
         }
@@ -569,6 +573,7 @@ impl Pipelines {
             wasi: patch.wasi,
             commit_interval_ms: patch.commit_interval_ms,
             checkpoint_interval_s: patch.checkpoint_interval_s,
+            balance: patch.balance,
             at: now_ms(),
             rollback_reason: None,
         };

@@ -285,6 +285,7 @@ impl Swaps {
                     wasi: Some(back.settings.wasi.clone()),
                     commit_interval_ms: Some(back.settings.commit_interval_ms),
                     checkpoint_interval_s: None,
+                    balance: None,
                     at: now_ms(),
                     rollback_reason: Some(reason.to_string()),
                 })

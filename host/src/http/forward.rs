@@ -40,6 +40,7 @@ pub fn runs_on_controller(method: &Method, path: &str) -> bool {
         ["", "api", "v1", "pipelines", _, "module"] => method == Method::PUT,
         ["", "api", "v1", "pipelines", _, "dead-letters", "replay"] => method == Method::POST,
         ["", "api", "v1", "partitions", _, "move"] => method == Method::POST,
+        ["", "api", "v1", "balancer", "log"] => method == Method::GET,
         ["", "api", "v1", "modules", _, _] => method == Method::DELETE,
         _ => false,
     }

@@ -268,7 +268,43 @@ fn text(baton: &crate::Baton) -> String {
             "{name}_sum{{{l}}} {sum}\n{name}_count{{{l}}} {cumulative}"
         );
     }
-    // Per host.
+    // Per host: splits and merges made here, and the balancer's decisions (on the controller).
+    for (name, help, pauses) in [
+        (
+            "baton_split_pause_seconds",
+            "Pauses of the splits this host made.",
+            baton.split_pauses(),
+        ),
+        (
+            "baton_merge_pause_seconds",
+            "Pauses of the merges this host made.",
+            baton.merge_pauses(),
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} summary");
+        for q in [0.5, 0.99, 1.0] {
+            if let Some(v) = crate::cluster::moves::quantile(&pauses, q) {
+                let _ = writeln!(out, "{name}{{quantile=\"{q}\"}} {}", v / 1e3);
+            }
+        }
+        let _ = writeln!(
+            out,
+            "{name}_sum {}\n{name}_count {}",
+            pauses.iter().sum::<f64>() / 1e3,
+            pauses.len()
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP baton_balancer_decisions_total Decisions of the balancer while this host was the controller.\n\
+         # TYPE baton_balancer_decisions_total counter"
+    );
+    for (pipeline, action, n) in baton.balancer_counts() {
+        let _ = writeln!(
+            out,
+            "baton_balancer_decisions_total{{pipeline=\"{pipeline}\",action=\"{action}\"}} {n}"
+        );
+    }
     let pauses = baton.move_pauses();
     let _ = writeln!(
         out,

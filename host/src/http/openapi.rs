@@ -351,6 +351,21 @@ fn ops(g: &mut SchemaGenerator) -> Vec<Op> {
             errors: &[400],
         },
         Op {
+            method: "get",
+            path: "/api/v1/balancer/log",
+            summary: "The auto-balancer's decisions, oldest first (answered by the controller; other hosts forward the call): each with its pipeline, action (split, move, merge), partitions, target host, reason (the numbers and the setting that decided it), inputs (every partition's records/s, guest CPU share, slots and owner), the hosts' loads, and its outcome. A pipeline is balanced when its spec's `balance.enabled` is true.",
+            params: &[],
+            request: None,
+            ok: (
+                200,
+                "application/json",
+                Some(arr(s(|g| {
+                    g.subschema_for::<crate::cluster::balancer::Decision>()
+                }))),
+            ),
+            errors: &[],
+        },
+        Op {
             method: "post",
             path: "/api/v1/partitions/merge",
             summary: "Merges two adjacent partitions of one pipeline (`left` and `right`, either order) into one while they run, on the owner of `left` (the call is forwarded there); a side on another host is first moved there, warm. The merge is recorded in the control log; the merged database is made from a hard-link checkpoint of the lower side, into which the upper side's slots are ingested (SST files, IngestExternalFile) from a checkpoint of it, with its clients and changelog reader ready; then both sides stop at a batch boundary with their final commits, the merged partition reads their last changelog records, and the merge is recorded done: both are retired and the merged partition (new id, epoch and transactional id) runs. The answer carries `merged`, `pause_ms` (from the earlier final commit to the merged partition's first guest call) and its steps. 400 for partitions of two pipelines or one named twice; 404 for one that does not exist; 409 for partitions that are not adjacent, or one moving, splitting or merging.",

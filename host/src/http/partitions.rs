@@ -23,6 +23,7 @@ pub(super) fn router() -> Router<AppState> {
         .route("/api/v1/partitions/{id}/rewind", post(rewind))
         .route("/api/v1/partitions/{id}/split", post(split))
         .route("/api/v1/partitions/merge", post(merge))
+        .route("/api/v1/balancer/log", get(balancer_log))
 }
 
 /// The query of `GET /api/v1/partitions`.
@@ -32,6 +33,13 @@ struct ListQuery {
     /// With `true`: the partitions retired by splits, with their history, instead.
     #[serde(default)]
     retired: bool,
+}
+
+/// The balancer's decisions, oldest first (the controller answers: other hosts forward).
+async fn balancer_log(
+    State(baton): State<AppState>,
+) -> Json<Vec<crate::cluster::balancer::Decision>> {
+    Json(baton.balancer_log())
 }
 
 /// Merges two adjacent partitions, on the owner of `left` (which moves `right` to itself
