@@ -104,6 +104,7 @@ fn main() -> anyhow::Result<()> {
     let env = StateEnv::new(512 << 20);
     let stores_names = vec!["counts".to_string()];
     let mut rows = Vec::new();
+    let mut reshape: Option<String> = None;
     for kind in stores.split(',').filter(|s| !s.is_empty()) {
         let url = match kind {
             "local" => dir
@@ -184,6 +185,50 @@ fn main() -> anyhow::Result<()> {
             restored.bytes as f64 / (1 << 20) as f64 / bare_s,
             (restored.bytes as f64 / restore_s) / (restored.bytes as f64 / bare_s),
         ));
+        // The split's own work on this state, once: what `cluster::split` does to make its
+        // halves (a flush, a hard-link checkpoint per half, opened and cut to its slots), and a
+        // merge's warm step (the other half's slots ingested from a checkpoint of it).
+        if reshape.is_none() {
+            let started = Instant::now();
+            db.flush()?;
+            let mut halves = Vec::new();
+            for (i, slots) in [0..2u32, 2..4].into_iter().enumerate() {
+                let path = dir.path().join(format!("half-{i}"));
+                db.create_checkpoint(&path)?;
+                let half = env.open_partition(&path, &stores_names)?;
+                half.keep_slots(slots, &[])?;
+                halves.push(half);
+            }
+            let split_s = started.elapsed().as_secs_f64();
+            let side = dir.path().join("merge-side");
+            let started = Instant::now();
+            halves[1].create_checkpoint(&side)?;
+            let entries = halves[0].ingest_slots_from(&side, 2..4, &[])?;
+            let merge_s = started.elapsed().as_secs_f64();
+            let sst_bytes = |dir: &std::path::Path| -> u64 {
+                std::fs::read_dir(dir)
+                    .map(|d| {
+                        d.flatten()
+                            .filter(|e| e.path().extension().is_some_and(|x| x == "sst"))
+                            .filter_map(|e| e.metadata().ok())
+                            .map(|m| m.len())
+                            .sum()
+                    })
+                    .unwrap_or(0)
+            };
+            let half_dir = dir.path().join("half-1");
+            let before = sst_bytes(&half_dir);
+            let started = Instant::now();
+            halves[1].compact_dropped(2..4)?;
+            let compact_s = started.elapsed().as_secs_f64();
+            let after = sst_bytes(&half_dir);
+            reshape = Some(format!(
+                "| {:.0} | {n} | {split_s:.2} | {merge_s:.2} | {entries} | {compact_s:.1} | {:.0} | {:.0} |",
+                full.size_bytes as f64 / (1 << 20) as f64,
+                before as f64 / (1 << 20) as f64,
+                after as f64 / (1 << 20) as f64,
+            ));
+        }
         drop(db);
     }
     println!(
@@ -195,6 +240,16 @@ fn main() -> anyhow::Result<()> {
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
+        println!("{r}");
+    }
+    if let Some(r) = &reshape {
+        println!(
+            "\nsplit and merge work on this state (not the pause: both are done while the partition runs)\n"
+        );
+        println!(
+            "| state MiB | keys | split: flush, two checkpoints, opened and cut, s | merge: the other half checkpointed and ingested, s | entries ingested | one half's compaction of the other's range, s | that half's SST files before, MiB | after, MiB |"
+        );
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
         println!("{r}");
     }
     Ok(())
