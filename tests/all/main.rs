@@ -7,6 +7,7 @@ mod checkpoints;
 mod cli;
 mod cluster;
 mod contracts;
+mod dashboard;
 mod dead_letters;
 mod deploy;
 mod expiry;

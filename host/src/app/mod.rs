@@ -898,6 +898,31 @@ impl Baton {
             .collect()
     }
 
+    /// The splits and merges every pipeline's layout keeps (the last ones), oldest first.
+    pub fn reshapes(
+        &self,
+    ) -> (
+        Vec<crate::control::SplitRecord>,
+        Vec<crate::control::MergeRecord>,
+    ) {
+        let catalog = self.catalog.lock();
+        let layouts: Vec<_> = catalog
+            .pipelines
+            .values()
+            .filter_map(|p| p.layout.as_ref())
+            .collect();
+        (
+            layouts
+                .iter()
+                .flat_map(|l| l.splits.iter().cloned())
+                .collect(),
+            layouts
+                .iter()
+                .flat_map(|l| l.merges.iter().cloned())
+                .collect(),
+        )
+    }
+
     /// Takes a checkpoint of partition `id`, which runs on this host, now
     /// ([`crate::partition::checkpoints::Checkpoints::take_now`]).
     pub fn checkpoint_partition(

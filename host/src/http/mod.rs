@@ -10,6 +10,7 @@ mod modules;
 pub mod openapi;
 mod partitions;
 mod pipelines;
+pub mod stream;
 mod topics;
 
 use std::sync::Arc;
@@ -48,6 +49,12 @@ fn body_limit(path: &str) -> usize {
 pub fn router(baton: Arc<Baton>) -> Router {
     Router::new()
         .route("/", get(dashboard))
+        .route("/assets/{file}", get(asset))
+        .route("/api/v1/stream", get(stream::stream))
+        .route(
+            "/api/v1/auth/check",
+            axum::routing::post(stream::auth_check),
+        )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics::render))
@@ -64,6 +71,11 @@ pub fn router(baton: Arc<Baton>) -> Router {
         ))
         .layer(axum::middleware::from_fn_with_state(baton.clone(), auth))
         .layer(axum::middleware::from_fn(drain_unread))
+        .layer(axum::middleware::from_fn_with_state(
+            baton.clone(),
+            stream::cors,
+        ))
+        .layer(axum::Extension(Arc::new(stream::Feed::default())))
         .with_state(baton)
 }
 
@@ -213,8 +225,58 @@ async fn not_found(uri: axum::http::Uri) -> ApiError {
     )
 }
 
-async fn dashboard() -> Html<&'static str> {
-    Html(include_str!("dashboard.html"))
+/// With this variable set to a directory, the dashboard's files are read from it at each
+/// request instead of from the binary: for working on the page without rebuilding.
+pub const DASHBOARD_DIR_ENV: &str = "BATON_DASHBOARD_DIR";
+
+/// A dashboard file: from [`DASHBOARD_DIR_ENV`] when it is set, else the one built in.
+fn dashboard_file(name: &str, built_in: &'static str) -> std::borrow::Cow<'static, str> {
+    match std::env::var_os(DASHBOARD_DIR_ENV) {
+        Some(dir) => std::fs::read_to_string(std::path::Path::new(&dir).join(name)).map_or(
+            std::borrow::Cow::Borrowed(built_in),
+            std::borrow::Cow::Owned,
+        ),
+        None => std::borrow::Cow::Borrowed(built_in),
+    }
+}
+
+async fn dashboard() -> impl IntoResponse {
+    (
+        [(axum::http::header::CACHE_CONTROL, "no-cache")],
+        Html(dashboard_file(
+            "index.html",
+            include_str!("dashboard/index.html"),
+        )),
+    )
+}
+
+/// The dashboard's files, built into the binary: no CDN, nothing fetched from elsewhere.
+async fn asset(axum::extract::Path(file): axum::extract::Path<String>) -> axum::response::Response {
+    let (body, kind) = match file.as_str() {
+        "app.js" => (
+            dashboard_file("app.js", include_str!("dashboard/app.js")),
+            "text/javascript; charset=utf-8",
+        ),
+        "app.css" => (
+            dashboard_file("app.css", include_str!("dashboard/app.css")),
+            "text/css; charset=utf-8",
+        ),
+        _ => {
+            return ApiError::new(
+                axum::http::StatusCode::NOT_FOUND,
+                format!("no dashboard file `{file}`"),
+            )
+            .into_response();
+        }
+    };
+    (
+        [
+            (axum::http::header::CONTENT_TYPE, kind),
+            (axum::http::header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
 }
 
 /// Runs blocking work (RocksDB, fsync, compilation) off the async workers.

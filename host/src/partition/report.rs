@@ -40,6 +40,9 @@ pub struct PartitionInfo {
     /// Approximate bytes of its state on the owner (live SST data and memtables).
     #[serde(default)]
     pub state_bytes: u64,
+    /// Bytes of its memtables on the owner: state in memory not yet flushed to SST files.
+    #[serde(default)]
+    pub memory_bytes: u64,
     /// Last processing error.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
@@ -102,6 +105,7 @@ impl PartitionInfo {
             records: 0,
             dead_letters: 0,
             state_bytes: 0,
+            memory_bytes: 0,
             last_error: None,
             time_ms: Default::default(),
             version: String::new(),

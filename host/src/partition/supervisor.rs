@@ -754,6 +754,7 @@ impl Supervisor {
                     records: h.status.records.load(Ordering::Relaxed),
                     dead_letters: h.status.dead_letters.load(Ordering::Relaxed),
                     state_bytes: h.db.approximate_size(),
+                    memory_bytes: h.db.memtable_bytes(),
                     last_error: h.status.last_error.lock().clone(),
                     time_ms: h.status.time.snapshot(),
                     version: h.status.version.lock().clone(),

@@ -762,6 +762,11 @@ impl PartitionDb {
     }
 
     /// The sum of an integer property over every column family of the database.
+    /// Bytes of the partition's memtables, over every store.
+    pub fn memtable_bytes(&self) -> u64 {
+        self.property_sum("rocksdb.cur-size-all-mem-tables")
+    }
+
     fn property_sum(&self, prop: &str) -> u64 {
         std::iter::once(META_CF.to_string())
             .chain(self.cf_names.iter().cloned())
