@@ -56,6 +56,17 @@ async fn the_dashboard_manages_a_three_host_cluster_in_a_real_browser() -> anyho
     }
     let urls: Vec<String> = hosts.iter().map(|h| h.api.base().to_string()).collect();
     let topic = unique("dash-in");
+    // A pipeline that dead-letters the value `boom`, made through the API: the page shows its
+    // dead letters, replays them and deletes it.
+    let dl_topic = unique("dash-dl");
+    let admin = baton_tests::Api::with_token(urls[1].clone(), &token);
+    admin.upload_plugin("fail-on", "fail-on", "1").await?;
+    admin
+        .create_pipeline(serde_json::json!({
+            "name": "dl", "module": "fail-on", "version": "1", "inputs": [dl_topic],
+            "stores": ["counts"], "slots": 2, "partitions": 1, "config": {"value": "boom"}
+        }))
+        .await?;
     let out = artifacts();
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out)?;
@@ -68,6 +79,7 @@ async fn the_dashboard_manages_a_three_host_cluster_in_a_real_browser() -> anyho
         .env("BATON_TOKEN", &token)
         .env("BATON_WASM", baton_tests::plugin("word-count"))
         .env("BATON_TOPIC", &topic)
+        .env("BATON_DL_TOPIC", &dl_topic)
         .env("BATON_ARTIFACTS", &out)
         .env("BATON_KILL", &kill)
         .stdout(std::process::Stdio::piped())
@@ -175,6 +187,13 @@ async fn the_dashboard_manages_a_three_host_cluster_in_a_real_browser() -> anyho
             "{half} retired by the merge: {retired_ids:?}"
         );
     }
+    let dl = api.get("/api/v1/pipelines/dl").await?;
+    ensure!(
+        dl.status == 404,
+        "dl deleted from the page: {} {}",
+        dl.status,
+        dl.body
+    );
     let pipe = api.get("/api/v1/pipelines/wc").await?.body;
     ensure!(
         pipe["version"] == "1",

@@ -6,6 +6,8 @@
 //   BATON_TOKEN      the token the hosts run with
 //   BATON_WASM       the word-count component to upload
 //   BATON_TOPIC      the input topic of the pipeline created through the UI
+//   BATON_DL_TOPIC   the input topic of pipeline `dl` (fail-on, failing on the value `boom`),
+//                    which the test created through the API
 //   BATON_ARTIFACTS  where screenshots and results.json go
 //   BATON_KILL       a file to write once the page may lose its host; the test then kills the
 //                    first host and the page must switch to another
@@ -16,6 +18,7 @@ import { readFileSync, writeFileSync, mkdirSync } from "node:fs";
 import { createRequire } from "node:module";
 import { join } from "node:path";
 import { homedir } from "node:os";
+import { gzipSync } from "node:zlib";
 
 const tools = join(process.env.BATON_CACHE || join(homedir(), ".cache", "baton"), "dashboard", "package.json");
 const require = createRequire(tools);
@@ -26,6 +29,7 @@ const ids = env("BATON_HOSTS").split(",");
 const TOKEN = env("BATON_TOKEN");
 const WASM = env("BATON_WASM");
 const TOPIC = env("BATON_TOPIC");
+const DL_TOPIC = env("BATON_DL_TOPIC");
 const OUT = env("BATON_ARTIFACTS");
 const KILL = env("BATON_KILL");
 mkdirSync(OUT, { recursive: true });
@@ -74,6 +78,13 @@ async function axe(page, label) {
   check(r.passes > 10, `axe-core ran ${r.passes} passing rules at ${label}: too few to have checked the page`);
 }
 
+// Drags a partition's handle onto a host's row, with both in view (a page that scrolls in the
+// middle of a synthetic drag loses the drop).
+async function dragTo(page, id, host) {
+  await page.evaluate(() => { document.getElementById("h-cluster").scrollIntoView(); });
+  await page.dragAndDrop(`#part-${id} .handle`, `#host-${host}`);
+}
+
 const ownerOf = (page, id) => page.evaluate((id) => { const tr = document.getElementById(`part-${id}`); return tr ? tr.children[2].textContent : null; }, id);
 const partitionsOf = (page) => page.evaluate(() => [...document.querySelectorAll("#partitions tbody tr")].map((tr) => ({ id: tr.dataset.key, slots: tr.children[1].textContent, owner: tr.children[2].textContent, state: tr.children[3].textContent })));
 
@@ -105,11 +116,14 @@ try {
     check(results.load_ms < 1000, `live data took ${results.load_ms} ms`);
     const conn = await page.locator("#conn").textContent();
     check(conn.includes(`host ${ids[0]}`), `the status names the page's host: ${conn}`);
-    results.bundle = await page.evaluate(async () => {
-      const sizes = {};
-      for (const f of ["/", "/assets/app.js", "/assets/app.css"]) sizes[f] = (await (await fetch(f)).arrayBuffer()).byteLength;
-      return sizes;
-    });
+    results.bundle = {};
+    results.bundle_gzip = 0;
+    for (const f of ["/", "/assets/app.js", "/assets/app.css"]) {
+      const bytes = Buffer.from(await (await fetch(`${urls[0]}${f}`)).arrayBuffer());
+      results.bundle[f] = bytes.length;
+      results.bundle_gzip += gzipSync(bytes).length;
+    }
+    check(results.bundle_gzip <= 300 * 1024, `the page's files are ${results.bundle_gzip} bytes gzipped`);
     await page.evaluate(() => { window.__marker = "no reload"; });
   });
 
@@ -215,7 +229,7 @@ try {
   await step("move a partition by dropping it on a host: the owner changes live", async () => {
     const from = await ownerOf(page, "wc-0");
     const to = ids.find((h) => h !== from);
-    await page.dragAndDrop("#part-wc-0 .handle", `#host-${to}`);
+    await dragTo(page, "wc-0", to);
     await until(page, `wc-0 owned by ${to}`, ([to]) => { const tr = document.getElementById("part-wc-0"); return tr && tr.children[2].textContent === to && tr.children[3].textContent === "running"; }, [to], 60000);
     await until(page, "the move's progress says done", () => /Moved wc-0 to .*: done/.test(document.getElementById("progress").textContent), undefined, 20000);
     results.drag_move = { from, to };
@@ -238,7 +252,7 @@ try {
     await page.fill("#split-at-wc-0", "2");
     await page.click("#part-wc-0 button.split");
     halves = await until(page, "wc-0 split into halves of slots 0–1 and 2–3", () => {
-      const rows = [...document.querySelectorAll("#partitions tbody tr")].map((tr) => ({ id: tr.dataset.key, slots: tr.children[1].textContent, state: tr.children[3].textContent }));
+      const rows = [...document.querySelectorAll("#partitions tbody tr")].map((tr) => ({ id: tr.dataset.key, slots: tr.children[1].textContent, state: tr.children[3].textContent })).filter((r) => r.id.startsWith("wc-"));
       const a = rows.find((r) => r.slots === "0–1" && r.state === "running");
       const b = rows.find((r) => r.slots === "2–3" && r.state === "running");
       return !rows.some((r) => r.id === "wc-0") && a && b ? [a.id, b.id] : false;
@@ -253,13 +267,13 @@ try {
     const [left, right] = halves;
     const owner = await ownerOf(page, left);
     const to = ids.find((h) => h !== owner);
-    await page.dragAndDrop(`#part-${right} .handle`, `#host-${to}`);
+    await dragTo(page, right, to);
     await until(page, `${right} on ${to}`, ([id, to]) => { const tr = document.getElementById(`part-${id}`); return tr && tr.children[2].textContent === to && tr.children[3].textContent === "running"; }, [right, to], 60000);
     await page.click(`#part-${left} details summary`).catch(() => {});
     await until(page, `the merge button of ${left}`, ([id, right]) => { const b = document.querySelector(`#part-${id} button.merge`); return b && !b.disabled && b.textContent.includes(right); }, [left, right]);
     await page.click(`#part-${left} button.merge`);
     const merged = await until(page, "one partition of slots 0–3 again", () => {
-      const rows = [...document.querySelectorAll("#partitions tbody tr")].map((tr) => ({ id: tr.dataset.key, slots: tr.children[1].textContent, state: tr.children[3].textContent }));
+      const rows = [...document.querySelectorAll("#partitions tbody tr")].map((tr) => ({ id: tr.dataset.key, slots: tr.children[1].textContent, state: tr.children[3].textContent })).filter((r) => r.id.startsWith("wc-"));
       const m = rows.find((r) => r.slots === "0–3" && r.state === "running");
       return m ? m.id : false;
     }, undefined, 90000);
@@ -294,6 +308,32 @@ try {
     await page.waitForTimeout(300);
     check(await page.locator('#modules tbody tr[data-key="word-count@2"]').count() === 1, "a cancelled delete keeps the version");
     await shot(page, "04-swapped-back");
+  });
+
+  await step("a dead letter shows with its error and record; replay; delete a pipeline with purge", async () => {
+    await page.fill("#p-topic", DL_TOPIC);
+    await page.fill("#p-records", "fine ok\nbad boom\nfine ok");
+    await page.click("#produce-form button[type=submit]");
+    const row = await until(page, "the dead letter", ([topic]) => {
+      const tr = [...document.querySelectorAll("#dead tbody tr")].find((r) => r.textContent.includes(topic));
+      return tr ? tr.textContent : false;
+    }, [DL_TOPIC], 30000);
+    check(/poison value/.test(row) && /slot \d+ · offset \d+/.test(row), `the dead letter names its error and record: ${row}`);
+    check(await page.locator("#logs tbody tr", { hasText: "poison" }).count() >= 1, "the error is among the guest logs and errors");
+    await page.click("#pipe-dl button.replay");
+    await until(page, "the replay's answer", () => /Replayed the dead letters of dl/.test(document.getElementById("progress").textContent));
+    await page.click("#pipe-dl button.delete");
+    await until(page, "the delete's confirmation", () => document.getElementById("confirm").open);
+    await page.check("#purge");
+    await page.click("#confirm-ok");
+    await until(page, "dl gone", () => !document.getElementById("pipe-dl") && ![...document.querySelectorAll("#partitions tbody tr")].some((tr) => tr.dataset.key.startsWith("dl-")), undefined, 60000);
+    check(/Deleted pipeline dl and purged/.test(await page.locator("#progress").textContent()), "the delete says it purged");
+  });
+
+  await step("keyboard: a partition's handle opens its menu with Enter", async () => {
+    await page.focus(`#part-${results.merged} .handle`);
+    await page.keyboard.press("Enter");
+    await until(page, "the menu open, its host list focused", ([id]) => document.querySelector(`#part-${id} details`).open && document.activeElement === document.getElementById(`move-to-${id}`), [results.merged]);
   });
 
   await step("the stream is coalesced under load: at most 5 messages a second", async () => {
@@ -336,7 +376,7 @@ try {
     results.switch_notice = notice;
     check(ids.slice(1).some((h) => notice.includes(`host ${h}`)), `the notice names the new host: ${notice}`);
     // Still live and still able to act: records produced now are counted.
-    await until(page, `no partition on host ${ids[0]}`, ([dead]) => [...document.querySelectorAll("#partitions tbody tr")].every((tr) => tr.children[2].textContent !== dead && tr.children[3].textContent === "running"), [ids[0]], 90000);
+    await until(page, `no partition on host ${ids[0]}`, ([dead]) => [...document.querySelectorAll("#partitions tbody tr")].filter((tr) => tr.dataset.key.startsWith("wc-")).every((tr) => tr.children[2].textContent !== dead && tr.children[3].textContent === "running"), [ids[0]], 90000);
     await produce(30);
     await countsReach("alpha");
     await countsReach("k29");
