@@ -222,8 +222,8 @@ async fn the_dashboard_manages_a_three_host_cluster_in_a_real_browser() -> anyho
         .filter_map(|m| m["version"].as_str())
         .collect();
     ensure!(
-        versions == ["1", "2"],
-        "the uploads, the refused one and the cancelled delete: {versions:?}"
+        versions == ["1"],
+        "the uploads, the refused one, the deletes (one cancelled, one refused): {versions:?}"
     );
     for shot in results["screenshots"].as_array().into_iter().flatten() {
         let bytes = std::fs::read(shot.as_str().unwrap_or_default())?;

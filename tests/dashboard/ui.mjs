@@ -307,6 +307,17 @@ try {
     await page.click("#confirm button[value=cancel]");
     await page.waitForTimeout(300);
     check(await page.locator('#modules tbody tr[data-key="word-count@2"]').count() === 1, "a cancelled delete keeps the version");
+    // The running version cannot go: the API's refusal is shown.
+    await page.click('#modules tbody tr[data-key="word-count@1"] button.delete');
+    await until(page, "the delete's confirmation", () => document.getElementById("confirm").open);
+    await page.click("#confirm-ok");
+    await until(page, "the refusal to delete a version in use", () => /Deleting word-count version 1 failed: .+/.test(document.getElementById("notice").textContent));
+    results.delete_in_use_message = await page.locator("#notice").textContent();
+    // Confirmed, the unused one goes.
+    await page.click('#modules tbody tr[data-key="word-count@2"] button.delete');
+    await until(page, "the delete's confirmation", () => document.getElementById("confirm").open);
+    await page.click("#confirm-ok");
+    await until(page, "word-count 2 deleted", () => !document.querySelector('#modules tbody tr[data-key="word-count@2"]') && /Deleted module word-count version 2/.test(document.getElementById("progress").textContent));
     await shot(page, "04-swapped-back");
   });
 
