@@ -231,6 +231,45 @@ async fn a_hot_range_is_split_or_moved_with_its_reason_and_nothing_flaps() -> an
         Ok(Some(()))
     })
     .await?;
+    // The decisions outlive their controller: it stops, and the next one answers them all.
+    let before = decisions(&apis[ci]).await?;
+    let ats = |log: &[Value]| -> Vec<i64> { log.iter().filter_map(|d| d["at"].as_i64()).collect() };
+    hosts.remove(ci).stop().await?;
+    let rest: Vec<baton_tests::Api> = hosts.iter().map(|h| h.api.clone()).collect();
+    let after = wait_for(
+        "a new controller with the decisions",
+        Duration::from_secs(60),
+        || async {
+            let hs = rest[0].get("/api/v1/hosts").await?.body;
+            let new =
+                hs.as_array().into_iter().flatten().any(|h| {
+                    h["controller"] == true && h["alive"] == true && h["id"] != controller
+                });
+            if !new {
+                return Ok(None);
+            }
+            let log = decisions(&rest[0]).await?;
+            Ok((!log.is_empty()).then_some(log))
+        },
+    )
+    .await?;
+    let (had, has) = (ats(&before), ats(&after));
+    assert!(
+        had.iter().all(|a| has.contains(a)),
+        "the new controller's log {after:?} holds the old one's {before:?}"
+    );
+    let kept = after
+        .iter()
+        .find(|d| d["at"] == first["at"])
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(kept["reason"], first["reason"], "{kept}");
+    assert!(
+        kept["outcome"]
+            .as_str()
+            .is_some_and(|o| o.starts_with("done")),
+        "{kept}"
+    );
     for h in hosts {
         h.stop().await?;
     }

@@ -315,6 +315,33 @@ async fn checkpoints_share_files_are_collected_and_restore_a_new_host_exactly_wi
         "{gone:?}"
     );
 
+    // A move's target with no state of the partition warms from the newest checkpoint in the
+    // shared store, then the changelogs' tail after it.
+    send(&producer, &input, &mut sent, words(300, 400, 6), &c.api).await?;
+    let asked = d
+        .api
+        .post_json("/api/v1/partitions/wc-0/move", &json!({"to": "d"}))
+        .await?;
+    assert_eq!(asked.status, 202, "{asked:?}");
+    let moved = running_on(&d.api, "d").await?;
+    let from = moved["restored_from"]["seq"].as_u64();
+    assert!(
+        from >= remote["seq"].as_u64(),
+        "the target restored the newest checkpoint, at least {}: {moved}",
+        remote["seq"]
+    );
+    let done = moved["moves"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|m| m["to"] == "d" && m["phase"] == "done");
+    assert!(done, "the move is done: {moved}");
+    send(&producer, &input, &mut sent, words(300, 400, 7), &d.api).await?;
+    d.api
+        .wait_caught_up("wc", sent.len() as u64, Duration::from_secs(90))
+        .await?;
+    assert_counts(&d.api, &sent).await?;
+
     // A purge deletes the pipeline's checkpoints.
     let purged = c
         .api

@@ -184,6 +184,31 @@ async fn the_cli_drives_a_host() -> anyhow::Result<()> {
             }
         }
 
+        // The merged partition gets a checkpoint of its own soon after it starts (a failover
+        // of it then restores from it); the others wait for their interval.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let parts = cli.ok(&["partitions"], "")?;
+            let row = |id: &str| {
+                parts
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|p| p["id"] == id)
+                    .cloned()
+                    .unwrap_or_default()
+            };
+            if row("wc-4")["last_checkpoint"]["seq"] == 1 {
+                assert!(row("wc-1")["last_checkpoint"].is_null(), "{parts}");
+                break;
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "no first checkpoint of wc-4: {parts}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+
         // Errors: the API's message, a non-zero exit.
         let anonymous = Cli {
             url: cli.url.clone(),

@@ -242,6 +242,14 @@ impl Baton {
         );
         let background_stop = Arc::new(AtomicBool::new(false));
         let cluster = crate::cluster::Hosts::new(host_id.clone());
+        // Where the balancer's decisions outlive the controller (on Kafka).
+        let decisions = match log.as_kafka() {
+            Some(kafka) => Some(crate::cluster::balancer::KafkaDecisions::new(
+                kafka,
+                &config.cluster,
+            )?),
+            None => None,
+        };
         let baton = Arc::new_cyclic(|me: &std::sync::Weak<Baton>| {
             let standbys = {
                 let me = me.clone();
@@ -358,6 +366,8 @@ impl Baton {
                             )
                         })
                     },
+                    store: decisions
+                        .map(|d| Box::new(d) as Box<dyn crate::cluster::balancer::DecisionStore>),
                 });
             let controller = crate::control::controller::Controller::new(
                 host_id.clone(),
@@ -856,8 +866,10 @@ impl Baton {
         &self,
         id: &str,
         at: Option<u32>,
+        reason: Option<&str>,
     ) -> Result<crate::control::SplitRecord> {
-        self.splits.split(id, at, "asked for by hand")
+        self.splits
+            .split(id, at, reason.unwrap_or("asked for by hand"))
     }
 
     /// Pauses (ms) of the splits this host made, oldest first.
@@ -867,8 +879,14 @@ impl Baton {
 
     /// Merges partitions `left` and `right` (adjacent) on this host, which owns `left`
     /// ([`crate::cluster::split::Splits::merge`]).
-    pub fn merge_partitions(&self, left: &str, right: &str) -> Result<crate::control::MergeRecord> {
-        self.splits.merge(left, right, "asked for by hand")
+    pub fn merge_partitions(
+        &self,
+        left: &str,
+        right: &str,
+        reason: Option<&str>,
+    ) -> Result<crate::control::MergeRecord> {
+        self.splits
+            .merge(left, right, reason.unwrap_or("asked for by hand"))
     }
 
     /// Pauses (ms) of the merges this host made, oldest first.

@@ -29,7 +29,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::cluster::Hosts;
 use crate::cluster::moves::Moves;
@@ -45,7 +45,9 @@ const TICK: Duration = Duration::from_secs(1);
 const LOG_KEPT: usize = 500;
 
 /// What the balancer decided.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq, PartialOrd, Ord, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Action {
     /// Split a partition.
@@ -68,7 +70,7 @@ impl Action {
 }
 
 /// A partition as the balancer saw it.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Seen {
     /// Partition id.
     pub id: String,
@@ -83,7 +85,7 @@ pub struct Seen {
 }
 
 /// One decision of the balancer.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Decision {
     /// When (ms since the Unix epoch).
     pub at: i64,
@@ -105,6 +107,112 @@ pub struct Decision {
     /// What came of it: `asked` until the split, move or merge answers, then `done` (with
     /// its id) or the error.
     pub outcome: String,
+}
+
+/// Where the balancer's decisions outlive the controller that took them: a new controller
+/// starts its log from what the last one kept.
+pub trait DecisionStore: Send + Sync {
+    /// The decisions kept, oldest first.
+    fn load(&self) -> anyhow::Result<Vec<Decision>>;
+    /// Keeps `log` (the newest decisions, oldest first) in place of what was kept.
+    fn save(&self, log: &[Decision]) -> anyhow::Result<()>;
+}
+
+/// Most decisions [`KafkaDecisions`] keeps.
+const STORED_KEPT: usize = 100;
+/// Most bytes of the record that holds them.
+const STORED_BYTES: usize = 768 << 10;
+
+/// The decisions in the compacted topic `<cluster>.balancer`: one record, keyed `log`, holds
+/// the newest of them ([`STORED_KEPT`] at most).
+pub struct KafkaDecisions {
+    topic: String,
+    config: crate::transport::kafka::KafkaConfig,
+    producer: rdkafka::producer::BaseProducer,
+}
+
+impl KafkaDecisions {
+    /// The store of cluster `cluster`, creating its topic when missing.
+    pub fn new(
+        kafka: &crate::transport::kafka::KafkaTransport,
+        cluster: &str,
+    ) -> anyhow::Result<Self> {
+        use crate::transport::Transport;
+        let topic = format!("{cluster}.balancer");
+        kafka.ensure_topic(&topic, 1, crate::transport::TopicKind::Compacted)?;
+        let config = kafka.config().clone();
+        let producer = config
+            .client_config(&[("linger.ms", "0"), ("acks", "all")])
+            .create()?;
+        Ok(KafkaDecisions {
+            topic,
+            config,
+            producer,
+        })
+    }
+}
+
+impl DecisionStore for KafkaDecisions {
+    fn load(&self) -> anyhow::Result<Vec<Decision>> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        use rdkafka::message::Message;
+        let consumer: BaseConsumer = self
+            .config
+            .client_config(&[
+                ("enable.auto.commit", "false"),
+                ("group.id", &format!("{}-readers", self.topic)),
+            ])
+            .create()?;
+        let (_, high) = consumer.fetch_watermarks(&self.topic, 0, Duration::from_secs(5))?;
+        if high <= 0 {
+            return Ok(Vec::new());
+        }
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        tpl.add_partition_offset(&self.topic, 0, rdkafka::Offset::Beginning)?;
+        consumer.assign(&tpl)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut last = None;
+        while Instant::now() < deadline {
+            match consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(m)) => {
+                    if let Some(v) = m.payload() {
+                        last = Some(v.to_vec());
+                    }
+                    if m.offset() + 1 >= high {
+                        break;
+                    }
+                }
+                Some(Err(e)) => return Err(e.into()),
+                None => {}
+            }
+        }
+        Ok(match last {
+            Some(v) => serde_json::from_slice(&v)?,
+            None => Vec::new(),
+        })
+    }
+
+    fn save(&self, log: &[Decision]) -> anyhow::Result<()> {
+        use rdkafka::producer::{BaseRecord, Producer};
+        // The newest that fit in one record well under the broker's default limit (1 MiB).
+        let mut from = log.len().saturating_sub(STORED_KEPT);
+        let value = loop {
+            let value = serde_json::to_vec(&log[from..])?;
+            if value.len() <= STORED_BYTES || from == log.len() {
+                break value;
+            }
+            from += (log.len() - from).div_ceil(4);
+        };
+        self.producer
+            .send(
+                BaseRecord::<str, [u8]>::to(&self.topic)
+                    .key("log")
+                    .payload(&value),
+            )
+            .map_err(|(e, _)| e)?;
+        self.producer.flush(Duration::from_secs(10))?;
+        Ok(())
+    }
 }
 
 /// Asks host `host` to `POST path` with a JSON body: its answer, or why not.
@@ -130,6 +238,9 @@ pub struct BalancerParts {
     pub rows: Box<dyn Fn() -> Vec<PartitionInfo> + Send + Sync>,
     /// Asks the owner of a partition to split or merge it.
     pub ask: Ask,
+    /// Where the decisions outlive this host's time as the controller (none on the embedded
+    /// log, where the host is alone).
+    pub store: Option<Box<dyn DecisionStore>>,
 }
 
 /// The balancer of a host (it acts while the host is the controller).
@@ -146,6 +257,8 @@ pub struct Balancer {
     counts: Mutex<BTreeMap<(String, &'static str), u64>>,
     /// A decision is being carried out: no other is taken meanwhile.
     busy: Arc<AtomicBool>,
+    /// The log was read from the store since this host became the controller.
+    loaded: AtomicBool,
 }
 
 impl Balancer {
@@ -159,7 +272,41 @@ impl Balancer {
             log: Mutex::new(VecDeque::new()),
             counts: Mutex::new(BTreeMap::new()),
             busy: Arc::new(AtomicBool::new(false)),
+            loaded: AtomicBool::new(false),
         })
+    }
+
+    /// As the new controller: the decisions the last one kept, before this host's own.
+    fn load_kept(&self) {
+        let Some(store) = &self.parts.store else {
+            return;
+        };
+        match store.load() {
+            Ok(kept) => {
+                let mut log = self.log.lock();
+                let mine: Vec<Decision> = log.drain(..).collect();
+                for d in kept.into_iter().chain(mine) {
+                    if !log.iter().any(|e| e.at == d.at && e.pipeline == d.pipeline) {
+                        log.push_back(d);
+                    }
+                }
+                while log.len() > LOG_KEPT {
+                    log.pop_front();
+                }
+                self.loaded.store(true, Ordering::Relaxed);
+            }
+            Err(e) => tracing::warn!("balancer: reading the decisions kept: {e:#}"),
+        }
+    }
+
+    /// Writes the log to the store.
+    fn keep(&self) {
+        if let Some(store) = &self.parts.store {
+            let log: Vec<Decision> = self.log.lock().iter().cloned().collect();
+            if let Err(e) = store.save(&log) {
+                tracing::warn!("balancer: keeping the decisions: {e:#}");
+            }
+        }
     }
 
     /// The decisions, oldest first.
@@ -189,9 +336,13 @@ impl Balancer {
                     std::thread::sleep(TICK);
                     let Some(b) = me.upgrade() else { return };
                     if b.parts.hosts.is_controller() {
+                        if !b.loaded.load(Ordering::Relaxed) {
+                            b.load_kept();
+                        }
                         b.tick();
                     } else {
                         b.samples.lock().clear();
+                        b.loaded.store(false, Ordering::Relaxed);
                     }
                 }
             })
@@ -473,6 +624,7 @@ impl Balancer {
                 log.pop_front();
             }
         }
+        self.keep();
         self.busy.store(true, Ordering::Release);
         let (me, busy) = (self.me.clone(), self.busy.clone());
         let spawned = std::thread::Builder::new()
@@ -490,6 +642,9 @@ impl Balancer {
                     && let Some(entry) = b.log.lock().iter_mut().rev().find(|e| e.at == at)
                 {
                     entry.outcome = outcome;
+                }
+                if let Some(b) = me.upgrade() {
+                    b.keep();
                 }
                 busy.store(false, Ordering::Release);
             });
@@ -526,7 +681,7 @@ impl Balancer {
                     let v = (self.parts.ask)(
                         &owner,
                         &format!("/api/v1/partitions/{id}/split"),
-                        serde_json::json!({}),
+                        serde_json::json!({"reason": format!("balancer: {}", d.reason)}),
                     )?;
                     Ok(format!("split {} into {}", v["id"], v["halves"]))
                 }
@@ -549,7 +704,10 @@ impl Balancer {
                     let v = (self.parts.ask)(
                         &owner,
                         "/api/v1/partitions/merge",
-                        serde_json::json!({"left": l, "right": r}),
+                        serde_json::json!({
+                            "left": l, "right": r,
+                            "reason": format!("balancer: {}", d.reason),
+                        }),
                     )?;
                     Ok(format!("merge {} into {}", v["id"], v["merged"]))
                 }

@@ -46,6 +46,9 @@ pub struct MergeRequest {
     pub left: String,
     /// The other, adjacent to it (either order).
     pub right: String,
+    /// Why, as the merge's history shows it (default: asked for by hand).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 impl Splits {

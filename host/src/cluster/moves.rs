@@ -548,7 +548,9 @@ impl Moves {
             .parts
             .supervisor
             .partition_path(&m.pipeline, &m.partition);
-        let (db, _) = self
+        // With a store shared by the hosts, a database this host lacks starts from the newest
+        // checkpoint, and warming reads only the changelogs' tail after it.
+        let (db, restored) = self
             .parts
             .state
             .open_partition_db(
@@ -568,6 +570,7 @@ impl Moves {
                 .map_err(|e| format!("reading the changelogs: {e:#}"))?;
             // The session's clients, made ready now so that the take-over does not wait.
             Prepared::new(&kafka, &record, &m.partition, slots.clone(), tail)
+                .map(|p| p.with_restored(restored.clone()))
                 .map_err(|e| format!("opening the partition's clients: {e:#}"))
         })?;
         let tail = prepared.tail();

@@ -73,6 +73,10 @@ pub struct SplitRequest {
     /// measured load (records/s per slot over a second), or its middle when it is idle.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at: Option<u32>,
+    /// Why, as the split's history shows it (default: asked for by hand). The balancer names
+    /// its decision's reason when it asks another host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// What splits work over: narrow handles on this host's parts.

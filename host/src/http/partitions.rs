@@ -56,7 +56,8 @@ async fn merge(
         return answer.map(Json);
     }
     Ok(Json(
-        blocking(move || baton.merge_partitions(&req.left, &req.right)).await?,
+        blocking(move || baton.merge_partitions(&req.left, &req.right, req.reason.as_deref()))
+            .await?,
     ))
 }
 
@@ -83,7 +84,7 @@ async fn split(
         return answer.map(Json);
     }
     Ok(Json(
-        blocking(move || baton.split_partition(&id, req.at)).await?,
+        blocking(move || baton.split_partition(&id, req.at, req.reason.as_deref())).await?,
     ))
 }
 

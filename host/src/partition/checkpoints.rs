@@ -38,6 +38,10 @@ pub struct RewindReport {
     pub input_offsets: std::collections::BTreeMap<String, u64>,
 }
 
+/// Seconds after it starts that a half of a split or a merged partition with no checkpoint of
+/// its own gets its first (or its interval, when shorter).
+const FIRST_AFTER_RESHAPE_S: u64 = 5;
+
 /// The checkpoints of this host's partitions.
 pub struct Checkpoints {
     store: Arc<CheckpointStore>,
@@ -125,8 +129,19 @@ impl Checkpoints {
                 .is_some_and(|(status, _)| Arc::ptr_eq(status, &h.status));
             if !known {
                 // Started here since the last look: its interval runs from the newest
-                // checkpoint in the store, which the partition table shows until the next.
-                let since = self.newest(&h, &p);
+                // checkpoint in the store, which the partition table shows until the next. A
+                // half of a split or a merged partition with none yet gets its first soon:
+                // until then a failover of it restores from the changelogs alone.
+                let since = self.newest(&h, &p).unwrap_or_else(|| {
+                    let first_in = if self.reshaped(&h) {
+                        Duration::from_secs(interval.min(FIRST_AFTER_RESHAPE_S))
+                    } else {
+                        Duration::from_secs(interval)
+                    };
+                    Instant::now()
+                        .checked_sub(Duration::from_secs(interval).saturating_sub(first_in))
+                        .unwrap_or_else(Instant::now)
+                });
                 self.last
                     .lock()
                     .insert(h.id.clone(), (h.status.clone(), since));
@@ -144,19 +159,34 @@ impl Checkpoints {
         self.last.lock().retain(|id, _| here.contains(id));
     }
 
-    /// When the partition's newest checkpoint in the store was taken (now, when it has none or
-    /// the store cannot say), and it goes in the partition's status.
-    fn newest(&self, h: &PartitionHandle, p: &PartitionRef) -> Instant {
+    /// Whether the partition is a half of a split or the result of a merge.
+    fn reshaped(&self, h: &PartitionHandle) -> bool {
+        let catalog = self.catalog.lock();
+        let Some(layout) = catalog
+            .pipelines
+            .get(&h.pipeline)
+            .and_then(|r| r.layout.as_ref())
+        else {
+            return false;
+        };
+        layout.splits.iter().any(|s| s.halves.contains(&h.id))
+            || layout
+                .merges
+                .iter()
+                .any(|m| m.merged.as_deref() == Some(h.id.as_str()))
+    }
+
+    /// When the partition's newest checkpoint in the store was taken (now, when the store
+    /// cannot say; `None` when it has none), and it goes in the partition's status.
+    fn newest(&self, h: &PartitionHandle, p: &PartitionRef) -> Option<Instant> {
         let manifests = match self.store.manifests(p) {
             Ok(m) => m,
             Err(e) => {
                 tracing::warn!(partition = %h.id, "checkpoint store: {e}");
-                return Instant::now();
+                return Some(Instant::now());
             }
         };
-        let Some(newest) = manifests.last() else {
-            return Instant::now();
-        };
+        let newest = manifests.last()?;
         h.status
             .last_checkpoint
             .lock()
@@ -164,9 +194,11 @@ impl Checkpoints {
         let age = crate::control::now_ms()
             .saturating_sub(newest.taken_at)
             .max(0) as u64;
-        Instant::now()
-            .checked_sub(Duration::from_millis(age))
-            .unwrap_or_else(Instant::now)
+        Some(
+            Instant::now()
+                .checked_sub(Duration::from_millis(age))
+                .unwrap_or_else(Instant::now),
+        )
     }
 
     fn take(&self, h: &PartitionHandle, p: &PartitionRef) -> Result<CheckpointInfo> {

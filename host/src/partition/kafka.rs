@@ -107,6 +107,8 @@ pub struct Prepared {
     producer: BatchProducer,
     tail: super::tail::Tail,
     checked: Option<Checked>,
+    /// The checkpoint the replica's database was restored from, when it had none here.
+    restored: Option<crate::state::checkpoint::Restored>,
 }
 
 /// The group's committed offsets of input slots, read and checked against the owner's release
@@ -147,7 +149,20 @@ impl Prepared {
             producer,
             tail,
             checked: None,
+            restored: None,
         })
+    }
+
+    /// Notes the checkpoint the replica's database was restored from (shown by the partition
+    /// once its session runs).
+    pub fn with_restored(mut self, restored: Option<crate::state::checkpoint::Restored>) -> Self {
+        self.restored = restored;
+        self
+    }
+
+    /// The checkpoint the replica's database was restored from, if any.
+    pub fn restored(&self) -> Option<&crate::state::checkpoint::Restored> {
+        self.restored.as_ref()
     }
 
     /// Records what the take-over checked of the release: the group's `committed` offsets of

@@ -591,7 +591,9 @@ impl Supervisor {
             ),
         )?;
         let status = Arc::new(PartitionStatus::new());
-        *status.restored_from.lock() = restored;
+        // A move's target restored its replica before the take-over.
+        *status.restored_from.lock() =
+            restored.or_else(|| prepared.as_ref().and_then(|p| p.restored().cloned()));
         let (commands, inbox) = Inbox::channel();
         let io: IoFactory = {
             let (pipeline, id, slots) = (record.clone(), id.clone(), slots.clone());

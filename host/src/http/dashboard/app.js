@@ -350,10 +350,18 @@ function progressBar(done, total, label) {
     ` ${fmtNum(done)} done, ${fmtNum(Math.max(0, total - done))} to go`);
 }
 
+const warmStart = new Map(); // per partition and warming host: the most lag seen
+
 function partitionProgress(p) {
   if (p.restore && !p.restore.finished) return progressBar(p.restore.done, p.restore.total, `${p.id} restore`);
   const warming = (p.replicas || []).find((r) => r.role === "warming");
-  if (warming) return `warming on ${warming.host}: lag ${fmtNum(warming.lag)}`;
+  if (warming) {
+    // The replica's lag when first seen is the work; what it caught up since is done.
+    const key = `${p.id}@${warming.host}`;
+    const most = Math.max(warmStart.get(key) || 0, warming.lag);
+    warmStart.set(key, most);
+    return el("span", {}, `warming on ${warming.host}: `, progressBar(most - warming.lag, most, `${p.id} warm-up on ${warming.host}`));
+  }
   if (p.splitting) return `splitting at slot ${p.splitting.slot}`;
   if (p.merging) return `merging into ${p.merging.left}`;
   const mv = (p.moves || []).find((m) => m.phase === "warming" || m.phase === "handoff");
