@@ -858,6 +858,18 @@ pub fn words(n: usize, vocabulary: usize, seed: u64) -> Vec<String> {
         .collect()
 }
 
+/// A record per key of `keys`, each with the value `x`, for `Baton::produce`.
+pub fn keyed_records(keys: &[String]) -> Vec<baton::http::model::ProduceRecord> {
+    keys.iter()
+        .map(|k| baton::http::model::ProduceRecord {
+            key: Some(k.clone().into_bytes()),
+            value: Some(b"x".to_vec()),
+            headers: vec![],
+            timestamp: None,
+        })
+        .collect()
+}
+
 /// Counts of each key.
 pub fn count<'a>(keys: impl IntoIterator<Item = &'a str>) -> BTreeMap<String, i64> {
     let mut m = BTreeMap::new();

@@ -6,7 +6,6 @@
 use std::time::{Duration, Instant};
 
 use baton::control::PipelineSpec;
-use baton::http::model::ProduceRecord;
 use baton::{Baton, HostConfig};
 
 fn run(records: usize, partitions: u32) -> f64 {
@@ -21,16 +20,9 @@ fn run(records: usize, partitions: u32) -> f64 {
         .unwrap();
     let keys = baton_tests::words(records, 10_000, 1);
     for chunk in keys.chunks(50_000) {
-        let recs = chunk
-            .iter()
-            .map(|k| ProduceRecord {
-                key: Some(k.clone().into_bytes()),
-                value: Some(b"x".to_vec()),
-                headers: vec![],
-                timestamp: None,
-            })
-            .collect();
-        baton.produce("words", recs).unwrap();
+        baton
+            .produce("words", baton_tests::keyed_records(chunk))
+            .unwrap();
     }
     let spec: PipelineSpec = serde_json::from_value(serde_json::json!({
         "name": "wc", "module": "word-count", "version": "1", "inputs": ["words"],

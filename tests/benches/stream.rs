@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use baton::control::PipelineSpec;
-use baton::http::model::ProduceRecord;
 use baton::{Baton, HostConfig};
 
 /// CPU seconds this process used so far (user and system).
@@ -99,16 +98,9 @@ fn main() {
                     std::thread::sleep(Duration::from_millis(5));
                     continue;
                 }
-                let recs = keys
-                    .iter()
-                    .map(|k| ProduceRecord {
-                        key: Some(k.clone().into_bytes()),
-                        value: Some(b"x".to_vec()),
-                        headers: vec![],
-                        timestamp: None,
-                    })
-                    .collect();
-                baton.produce("words", recs).unwrap();
+                baton
+                    .produce("words", baton_tests::keyed_records(&keys))
+                    .unwrap();
                 sent += keys.len() as u64;
             }
         })

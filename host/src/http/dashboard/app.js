@@ -234,6 +234,17 @@ function plainRows(id, rows) {
   keyed(tbody, rows, (r) => r.key, (r) => el("tr", {}, ...r.cells.map((_, i) => el("td", { class: r.wrap && r.wrap.includes(i) ? "wrap" : null }))), (tr, r) => setCells(tr, r.cells));
 }
 
+// Gives `sel` one option per value (labelled by `label`) when the values changed, keeping the
+// choice when it is still there; answers whether it changed.
+function fillOptions(sel, values, label = (v) => v) {
+  if (sel.dataset.sig === values.join(",")) return false;
+  const keep = sel.value;
+  sel.dataset.sig = values.join(",");
+  sel.replaceChildren(...values.map((v) => el("option", { value: v, text: label(v) })));
+  if (values.includes(keep)) sel.value = keep;
+  return true;
+}
+
 // ---- owners' colours ----------------------------------------------------------------------
 const palette = ["#1d4ed8", "#15803d", "#b45309", "#7e22ce", "#b91c1c", "#0e7490", "#4d7c0f", "#be185d"];
 function colourOf(host) {
@@ -423,12 +434,7 @@ function updatePartitionRow(tr, p) {
   // Menus: the hosts it may move to, the slots it may split at, and its right neighbour.
   const sel = tr.querySelector(".move-to");
   const hosts = state.hosts.filter((h) => h.alive && h.id !== p.owner).map((h) => h.id);
-  if (sel.dataset.sig !== hosts.join(",")) {
-    const keep = sel.value;
-    sel.dataset.sig = hosts.join(",");
-    sel.replaceChildren(...hosts.map((h) => el("option", { value: h, text: `host ${h}` })));
-    if (hosts.includes(keep)) sel.value = keep;
-  }
+  fillOptions(sel, hosts, (h) => `host ${h}`);
   tr.querySelector(".move").disabled = hosts.length === 0;
   const at = tr.querySelector(".split-at");
   at.min = p.slots[0] + 1; at.max = p.slots[1] - 1;
@@ -488,12 +494,7 @@ function renderPipelines(s) {
       setCells(tr, [spec.name, spec.module, `${spec.version}${p.phase && p.phase !== "running" ? ` (${p.phase})` : ""}`, `${(spec.inputs || []).join(", ")} → ${(spec.outputs || []).join(", ") || "–"}`, (spec.stores || []).join(", ") || "–", spec.guarantee || "–"]);
       const versions = s.modules.filter((m) => m.name === spec.module).map((m) => m.version);
       const sel = tr.querySelector(".swap-to");
-      if (sel.dataset.sig !== versions.join(",")) {
-        const keep = sel.value;
-        sel.dataset.sig = versions.join(",");
-        sel.replaceChildren(...versions.map((v) => el("option", { value: v, text: `version ${v}` })));
-        if (versions.includes(keep)) sel.value = keep;
-      }
+      fillOptions(sel, versions, (v) => `version ${v}`);
       const last = (p.swaps || [])[p.swaps.length - 1];
       tr.querySelector(".rollback").disabled = !last;
     });
@@ -535,24 +536,13 @@ function renderForms(s) {
   // Create: modules and their versions.
   const modSel = $("#c-module");
   const names = [...new Set(s.modules.map((m) => m.name))];
-  if (modSel.dataset.sig !== names.join(",")) {
-    const keep = modSel.value;
-    modSel.dataset.sig = names.join(",");
-    modSel.replaceChildren(...names.map((n) => el("option", { value: n, text: n })));
-    if (names.includes(keep)) modSel.value = keep;
-    fillVersions();
-  }
+  if (fillOptions(modSel, names)) fillVersions();
   const vs = s.modules.filter((m) => m.name === modSel.value).map((m) => m.version);
   if ($("#c-version").dataset.sig !== vs.join(",")) fillVersions();
   // Query: pipelines and stores.
   const qp = $("#q-pipeline");
   const pnames = s.pipelines.map((p) => p.name);
-  if (qp.dataset.sig !== pnames.join(",")) {
-    const keep = qp.value;
-    qp.dataset.sig = pnames.join(",");
-    qp.replaceChildren(...pnames.map((n) => el("option", { value: n, text: n })));
-    if (pnames.includes(keep)) qp.value = keep;
-  }
+  fillOptions(qp, pnames);
   fillStores();
   const topics = [...new Set(s.pipelines.flatMap((p) => [...(p.inputs || []), ...(p.outputs || [])]))];
   const dl = $("#topic-list");
@@ -562,20 +552,14 @@ function fillVersions() {
   const vsel = $("#c-version");
   const vs = state.modules.filter((m) => m.name === $("#c-module").value).map((m) => m.version);
   const keep = vsel.value;
-  vsel.dataset.sig = vs.join(",");
-  vsel.replaceChildren(...vs.map((v) => el("option", { value: v, text: v })));
-  if (vs.includes(keep)) vsel.value = keep; else if (vs.length) vsel.value = vs[vs.length - 1];
+  vsel.dataset.sig = "";
+  fillOptions(vsel, vs);
+  if (!vs.includes(keep) && vs.length) vsel.value = vs[vs.length - 1];
 }
 function fillStores() {
   const p = state.pipelines.find((x) => x.name === $("#q-pipeline").value);
   const stores = p ? p.stores || [] : [];
-  const ss = $("#q-store");
-  if (ss.dataset.sig !== stores.join(",")) {
-    const keep = ss.value;
-    ss.dataset.sig = stores.join(",");
-    ss.replaceChildren(...stores.map((n) => el("option", { value: n, text: n })));
-    if (stores.includes(keep)) ss.value = keep;
-  }
+  fillOptions($("#q-store"), stores);
 }
 $("#c-module").addEventListener("change", fillVersions);
 $("#q-pipeline").addEventListener("change", fillStores);
