@@ -396,6 +396,21 @@ async fn the_event_stream_is_coalesced_resumes_after_its_last_event_and_checks_t
         seqs(&fresh)
     );
 
+    // A client away longer than the feed waits for one (it stops 10 s after its last client
+    // and starts again with the next) resumes after its last event all the same.
+    let last = again.last().context("a message")?.0.clone();
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    api.produce("ev-in", &poison(2, "r")).await?;
+    let back = read_stream(&base, Some(&last), 30.0, |m| seqs(m).len() >= 2).await?;
+    let after_pause = seqs(&back);
+    ensure!(
+        after_pause.len() == 2
+            && after_pause
+                .iter()
+                .all(|s| !seen.contains(s) && !resumed.contains(s)),
+        "after a pause, from {last}: only the 2 new dead letters: {after_pause:?}"
+    );
+
     // Coalesced: records flow all the time, and a client gets at most 4 messages a second.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flow = {

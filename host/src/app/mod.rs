@@ -243,13 +243,15 @@ impl Baton {
         let background_stop = Arc::new(AtomicBool::new(false));
         let cluster = crate::cluster::Hosts::new(host_id.clone());
         // Where the balancer's decisions outlive the controller (on Kafka).
-        let decisions = match log.as_kafka() {
-            Some(kafka) => Some(crate::cluster::balancer::KafkaDecisions::new(
-                kafka,
-                &config.cluster,
-            )?),
-            None => None,
-        };
+        let decisions = log.as_kafka().and_then(|kafka| {
+            crate::cluster::balancer::KafkaDecisions::new(kafka, &config.cluster)
+                .map_err(|e| {
+                    tracing::warn!(
+                        "the balancer's decisions will not outlive the controller: {e:#}"
+                    )
+                })
+                .ok()
+        });
         let baton = Arc::new_cyclic(|me: &std::sync::Weak<Baton>| {
             let standbys = {
                 let me = me.clone();

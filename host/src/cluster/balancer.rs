@@ -118,6 +118,9 @@ pub trait DecisionStore: Send + Sync {
     fn save(&self, log: &[Decision]) -> anyhow::Result<()>;
 }
 
+/// How long after a failed read of the kept decisions the balancer tries again.
+const LOAD_RETRY: Duration = Duration::from_secs(30);
+
 /// Most decisions [`KafkaDecisions`] keeps.
 const STORED_KEPT: usize = 100;
 /// Most bytes of the record that holds them.
@@ -259,6 +262,8 @@ pub struct Balancer {
     busy: Arc<AtomicBool>,
     /// The log was read from the store since this host became the controller.
     loaded: AtomicBool,
+    /// When reading it last failed: tried again after [`LOAD_RETRY`].
+    load_failed: Mutex<Option<Instant>>,
 }
 
 impl Balancer {
@@ -273,14 +278,23 @@ impl Balancer {
             counts: Mutex::new(BTreeMap::new()),
             busy: Arc::new(AtomicBool::new(false)),
             loaded: AtomicBool::new(false),
+            load_failed: Mutex::new(None),
         })
     }
 
     /// As the new controller: the decisions the last one kept, before this host's own.
     fn load_kept(&self) {
         let Some(store) = &self.parts.store else {
+            self.loaded.store(true, Ordering::Relaxed);
             return;
         };
+        if self
+            .load_failed
+            .lock()
+            .is_some_and(|t| t.elapsed() < LOAD_RETRY)
+        {
+            return;
+        }
         match store.load() {
             Ok(kept) => {
                 let mut log = self.log.lock();
@@ -290,17 +304,25 @@ impl Balancer {
                         log.push_back(d);
                     }
                 }
+                log.make_contiguous().sort_by_key(|d| d.at);
                 while log.len() > LOG_KEPT {
                     log.pop_front();
                 }
                 self.loaded.store(true, Ordering::Relaxed);
             }
-            Err(e) => tracing::warn!("balancer: reading the decisions kept: {e:#}"),
+            Err(e) => {
+                *self.load_failed.lock() = Some(Instant::now());
+                tracing::warn!("balancer: reading the decisions kept: {e:#}");
+            }
         }
     }
 
-    /// Writes the log to the store.
+    /// Writes the log to the store: only as the controller, and once what the last one kept
+    /// is in it (else this would overwrite it).
     fn keep(&self) {
+        if !self.loaded.load(Ordering::Relaxed) || !self.parts.hosts.is_controller() {
+            return;
+        }
         if let Some(store) = &self.parts.store {
             let log: Vec<Decision> = self.log.lock().iter().cloned().collect();
             if let Err(e) = store.save(&log) {

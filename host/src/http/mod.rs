@@ -75,7 +75,9 @@ pub fn router(baton: Arc<Baton>) -> Router {
             baton.clone(),
             stream::cors,
         ))
-        .layer(axum::Extension(Arc::new(stream::Feed::default())))
+        .layer(axum::Extension(Arc::new(stream::Feed::new(
+            baton.host_id(),
+        ))))
         .with_state(baton)
 }
 

@@ -33,11 +33,12 @@ const EVENTS_KEPT: usize = 500;
 const RATE_POINTS: usize = 60;
 /// Balancer decisions sent.
 const DECISIONS_SENT: usize = 50;
+/// How soon a client whose connection broke tries again.
+const RETRY: Duration = Duration::from_millis(1000);
 /// A feed nobody watched for this long stops.
 const IDLE_STOP: Duration = Duration::from_secs(10);
 
 /// What the feed built last.
-#[derive(Default)]
 pub struct Built {
     /// The state, as JSON text without its events.
     state: String,
@@ -45,6 +46,19 @@ pub struct Built {
     events: VecDeque<(u64, Value)>,
     /// Bumped when the state or the events changed.
     version: u64,
+    /// When the state was built.
+    at: Instant,
+}
+
+impl Default for Built {
+    fn default() -> Self {
+        Built {
+            state: String::new(),
+            events: VecDeque::new(),
+            version: 0,
+            at: Instant::now(),
+        }
+    }
 }
 
 /// The snapshot builder shared by every client of a host.
@@ -52,12 +66,17 @@ pub struct Feed {
     boot: String,
     tx: tokio::sync::watch::Sender<Arc<Built>>,
     running: parking_lot::Mutex<bool>,
+    /// The last event seq fetched per (host, pipeline): kept when the feed stops, so that a
+    /// feed that starts again neither fetches nor numbers an event twice.
+    after: Arc<parking_lot::Mutex<HashMap<String, u64>>>,
 }
 
-impl Default for Feed {
-    fn default() -> Self {
+impl Feed {
+    /// The feed of host `host`.
+    pub fn new(host: &str) -> Self {
+        // Unique per host and start, so that an id of another host or run is known as such.
         let boot = format!(
-            "{:x}",
+            "{host}.{:x}",
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis())
@@ -67,6 +86,7 @@ impl Default for Feed {
             boot,
             tx: tokio::sync::watch::channel(Arc::new(Built::default())).0,
             running: parking_lot::Mutex::new(false),
+            after: Default::default(),
         }
     }
 }
@@ -143,6 +163,8 @@ struct Remote {
     balancer: Vec<Value>,
     /// Events found and not yet numbered.
     pending: Vec<Value>,
+    /// The last event seq fetched per event log, with `pending` in it.
+    after: HashMap<String, u64>,
 }
 
 impl Feed {
@@ -166,26 +188,36 @@ impl Feed {
         // The other hosts answer in their own time: a slow one never holds a snapshot back.
         let poller = {
             let (remote, stop, baton) = (remote.clone(), stop.clone(), baton.clone());
+            let mut after = self.after.lock().clone();
             tokio::spawn(async move {
-                let mut after = HashMap::new();
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let started = Instant::now();
                     let (host, balancer, found) = poll_hosts(&baton, &mut after).await;
                     {
+                        // The events and how far they go, together: the feed keeps the second
+                        // only with the first numbered.
                         let mut r = remote.lock();
                         r.host = host;
                         r.balancer = balancer;
                         r.pending.extend(found);
+                        r.after = after.clone();
                     }
                     tokio::time::sleep(REMOTE_EVERY.saturating_sub(started.elapsed())).await;
                 }
             })
         };
-        let mut events: VecDeque<(u64, Value)> = VecDeque::new();
-        let mut next_event = 1u64;
+        // A feed that starts again goes on from what the last run built: its events, their
+        // numbers and its version, so that ids clients hold stay meaningful.
+        let (mut events, mut next_event, mut version) = {
+            let last = self.tx.borrow();
+            (
+                last.events.clone(),
+                last.events.back().map_or(1, |e| e.0 + 1),
+                last.version,
+            )
+        };
         let mut idle_since: Option<Instant> = None;
         let mut last_state = String::new();
-        let mut version = 0u64;
         let mut ticker = tokio::time::interval(TICK);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -198,6 +230,29 @@ impl Feed {
                         *running = false;
                         stop.store(true, std::sync::atomic::Ordering::Relaxed);
                         poller.abort();
+                        // Events fetched since the last tick stay for the next run's clients
+                        // (once a state was built for them to go with).
+                        let (state, at) = {
+                            let last = self.tx.borrow();
+                            (last.state.clone(), last.at)
+                        };
+                        let mut r = remote.lock();
+                        if !r.pending.is_empty() && !state.is_empty() {
+                            for e in r.pending.drain(..) {
+                                events.push_back((next_event, e));
+                                next_event += 1;
+                            }
+                            while events.len() > EVENTS_KEPT {
+                                events.pop_front();
+                            }
+                            *self.after.lock() = r.after.clone();
+                            self.tx.send_replace(Arc::new(Built {
+                                state,
+                                events,
+                                version: version + 1,
+                                at,
+                            }));
+                        }
                         return;
                     }
                 }
@@ -217,6 +272,7 @@ impl Feed {
                     newest = next_event;
                     next_event += 1;
                 }
+                *self.after.lock() = r.after.clone();
                 while events.len() > EVENTS_KEPT {
                     events.pop_front();
                 }
@@ -241,6 +297,7 @@ impl Feed {
                 state: text,
                 events: events.clone(),
                 version,
+                at: Instant::now(),
             }));
         }
     }
@@ -309,31 +366,51 @@ fn attach_rates(state: &mut Value, rates: &mut Rates) {
     }
 }
 
+/// The name of one event log: a pipeline's on one host, from the host's start and the
+/// pipeline's creation on (a host that restarts, or a pipeline made again, numbers its events
+/// from 1 again).
+fn log_name(host: &str, started: Option<i64>, pipeline: &str, created: i64) -> String {
+    format!("{host}/{}/{pipeline}/{created}", started.unwrap_or(0))
+}
+
 /// Asks every live host (this one in-process) for its new events, and the others for their
 /// memory; asks the controller for the balancer's log. `after` holds the last event seq seen
-/// per (host, pipeline).
+/// per event log ([`log_name`]); each event names its log as `log`.
 async fn poll_hosts(
     baton: &AppState,
-    after: &mut HashMap<(String, String), u64>,
+    after: &mut HashMap<String, u64>,
 ) -> (BTreeMap<String, Value>, Vec<Value>, Vec<Value>) {
     let mut host_info = BTreeMap::new();
     let balancer;
-    let pipelines: Vec<String> = baton.pipelines().into_iter().map(|p| p.spec.name).collect();
+    let pipelines: Vec<(String, i64)> = baton
+        .pipelines()
+        .into_iter()
+        .map(|p| (p.spec.name, p.created_at))
+        .collect();
     let hosts = baton.hosts();
     let me = baton.host_id().to_string();
+    let my_start = hosts
+        .iter()
+        .find(|h| h.id == me)
+        .and_then(|h| h.started_at_ms);
     let mut found = Vec::new();
+    // Logs of pipelines and hosts gone are forgotten.
+    after.retain(|log, _| {
+        hosts.iter().any(|h| log.starts_with(&format!("{}/", h.id)))
+            && pipelines
+                .iter()
+                .any(|(p, c)| log.ends_with(&format!("/{p}/{c}")))
+    });
     // This host's events.
-    for p in &pipelines {
-        let key = (me.clone(), p.clone());
-        let since = after.get(&key).copied().unwrap_or(0);
+    for (p, created) in &pipelines {
+        let log = log_name(&me, my_start, p, *created);
+        let since = after.get(&log).copied().unwrap_or(0);
         if let Ok(list) = baton.events(p, since, 200) {
-            for e in list {
-                after.insert(key.clone(), e.seq);
-                let mut v = serde_json::to_value(&e).unwrap_or(Value::Null);
-                v["host"] = json!(me);
-                v["pipeline"] = json!(p);
-                found.push(v);
-            }
+            let list = list
+                .iter()
+                .map(|e| serde_json::to_value(e).unwrap_or(Value::Null))
+                .collect();
+            take(after, (&me, &log, p), list, &mut found);
         }
     }
     // The balancer's log lives on the controller.
@@ -359,33 +436,47 @@ async fn poll_hosts(
         async move {
             let info = get_json(&h.address, "/api/v1/host").await;
             let mut evs = Vec::new();
-            for p in pipelines {
-                let since = after.get(&(h.id.clone(), p.clone())).copied().unwrap_or(0);
+            for (p, created) in pipelines {
+                let log = log_name(&h.id, h.started_at_ms, p, *created);
+                let since = after.get(&log).copied().unwrap_or(0);
                 let path = format!("/api/v1/pipelines/{p}/events?after={since}&limit=200");
                 if let Some(Value::Array(list)) = get_json(&h.address, &path).await {
-                    evs.push((p.clone(), list));
+                    evs.push((p.clone(), log, list));
                 }
             }
             (h.id.clone(), info, evs)
         }
     });
-    for (id, info, evs) in futures_util::future::join_all(asks).await {
+    let answers = futures_util::future::join_all(asks).await;
+    for (id, info, evs) in answers {
         if let Some(info) = info {
             host_info.insert(id.clone(), info);
         }
-        for (p, list) in evs {
-            for mut e in list {
-                if let Some(seq) = e["seq"].as_u64() {
-                    after.insert((id.clone(), p.clone()), seq);
-                }
-                e["host"] = json!(id);
-                e["pipeline"] = json!(p);
-                found.push(e);
-            }
+        for (p, log, list) in evs {
+            take(after, (&id, &log, &p), list, &mut found);
         }
     }
     found.sort_by_key(|e| e["at"].as_i64().unwrap_or(0));
     (host_info, balancer, found)
+}
+
+/// Adds the events `list` of log `log` (pipeline `p` on `host`) to `found`, naming where
+/// they come from, and notes the last one's seq in `after`.
+fn take(
+    after: &mut HashMap<String, u64>,
+    (host, log, p): (&str, &str, &str),
+    list: Vec<Value>,
+    found: &mut Vec<Value>,
+) {
+    for mut e in list {
+        if let Some(seq) = e["seq"].as_u64() {
+            after.insert(log.to_string(), seq);
+        }
+        e["host"] = json!(host);
+        e["pipeline"] = json!(p);
+        e["log"] = json!(log);
+        found.push(e);
+    }
 }
 
 fn tail(v: Value, n: usize) -> Vec<Value> {
@@ -437,12 +528,13 @@ pub(super) async fn stream(
     // A client of this feed resumes after its last event; any other gets what is kept.
     let cursor = last
         .and_then(|id| {
-            let (boot, n) = id.split_once('-')?;
+            let (boot, n) = id.rsplit_once('-')?;
             (boot == feed.boot).then(|| n.parse::<u64>().ok())?
         })
         .unwrap_or(0);
-    feed.ensure_running(&baton);
+    // Subscribed first: a feed about to stop for want of clients sees this one and goes on.
     let rx = feed.tx.subscribe();
+    feed.ensure_running(&baton);
     let state = Client {
         rx,
         cursor,
@@ -452,7 +544,12 @@ pub(super) async fn stream(
     };
     let events = futures_util::stream::unfold(state, |mut c| async move {
         loop {
-            if c.seen != 0 || c.rx.borrow().version == 0 {
+            // A state built over a second ago (by a feed that stopped) waits for a new one.
+            let fresh = {
+                let b = c.rx.borrow();
+                b.version != 0 && b.at.elapsed() < Duration::from_secs(1)
+            };
+            if c.seen != 0 || !fresh {
                 c.rx.changed().await.ok()?;
             }
             if let Some(t) = c.last_sent {
@@ -484,6 +581,7 @@ pub(super) async fn stream(
             );
             let event = SseEvent::default()
                 .event("snapshot")
+                .retry(RETRY)
                 .id(format!("{}-{}", c.boot, c.cursor))
                 .data(data);
             return Some((Ok(event), c));

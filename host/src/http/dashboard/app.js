@@ -101,16 +101,17 @@ function connect(to, why) {
     }
   });
   es.addEventListener("snapshot", (m) => {
-    lastId = m.lastEventId || lastId;
     lastMessage = Date.now();
     clearTimeout(failing); failing = null;
     const data = JSON.parse(m.data);
     onSnapshot(data.state, data.events || []);
+    // Only once its events are in: a message that failed is asked for again.
+    lastId = m.lastEventId || lastId;
   });
   es.addEventListener("error", () => {
     if (failing) return;
-    // EventSource retries by itself; if nothing comes within 2 s, try the other live hosts.
-    failing = setTimeout(() => switchHost(to), 2000);
+    // EventSource retries by itself (the host asks for 1 s); if nothing comes within 3 s, try the other live hosts.
+    failing = setTimeout(() => switchHost(to), 3000);
     setConn(`lost the stream from ${state ? `host ${state.host}` : to}; retrying…`, true);
     void opened;
   });
@@ -118,7 +119,7 @@ function connect(to, why) {
 
 async function switchHost(dead) {
   failing = null;
-  if (Date.now() - lastMessage < 2000 && source && source.readyState === EventSource.OPEN) return;
+  if (Date.now() - lastMessage < 3000 && source && source.readyState === EventSource.OPEN) return;
   const deadId = state ? state.host : dead;
   const others = (state ? state.hosts : []).filter((h) => h.address && h.id !== deadId && h.alive);
   for (const h of others) {
@@ -264,12 +265,14 @@ function onSnapshot(s, fresh) {
   if (s.token_required && !token() && $("#token-form").hidden && !askedOnce) { askedOnce = true; askToken("Reads need no token; moves, uploads and every other change do."); }
   if (s.token_required && token()) $("#token-open").hidden = false;
   for (const e of fresh) {
-    const k = `${e.host}/${e.pipeline}/${e.seq}`;
+    const k = `${e.log}/${e.seq}`;
     if (seenEvents.has(k)) continue;
     seenEvents.add(k);
     events.push(e);
   }
-  if (events.length > 400) events.splice(0, events.length - 400);
+  if (events.length > 400) {
+    for (const e of events.splice(0, events.length - 400)) seenEvents.delete(`${e.log}/${e.seq}`);
+  }
   renderHosts(s);
   renderStrips(s);
   renderPartitions(s);
@@ -527,9 +530,9 @@ function renderBalancer(s) {
 function renderEvents() {
   const where = (e) => (e.topic !== undefined ? `${e.topic} · slot ${e.slot} · offset ${e.offset}` : "–");
   const logs = events.filter((e) => e.kind === "log" || e.kind === "error" || e.kind === "trap").slice(-150).reverse();
-  plainRows("logs", logs.map((e) => ({ key: `${e.host}/${e.pipeline}/${e.seq}`, wrap: [3], cells: [fmtTime(e.at), `${e.pipeline} · ${e.partition} on ${e.host}`, e.kind === "log" ? e.level || "info" : e.kind, e.message, where(e)] })));
+  plainRows("logs", logs.map((e) => ({ key: `${e.log}/${e.seq}`, wrap: [3], cells: [fmtTime(e.at), `${e.pipeline} · ${e.partition} on ${e.host}`, e.kind === "log" ? e.level || "info" : e.kind, e.message, where(e)] })));
   const dead = events.filter((e) => e.kind === "error" || e.kind === "trap").slice(-100).reverse();
-  plainRows("dead", dead.map((e) => ({ key: `${e.host}/${e.pipeline}/${e.seq}`, wrap: [2], cells: [fmtTime(e.at), e.pipeline, e.message, where(e)] })));
+  plainRows("dead", dead.map((e) => ({ key: `${e.log}/${e.seq}`, wrap: [2], cells: [fmtTime(e.at), e.pipeline, e.message, where(e)] })));
 }
 
 function renderForms(s) {
