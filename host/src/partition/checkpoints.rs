@@ -149,8 +149,20 @@ impl Checkpoints {
             let due = self.last.lock().get(&h.id).is_some_and(|(_, at)| {
                 interval > 0 && at.elapsed() >= Duration::from_secs(interval)
             });
-            if due && let Err(e) = self.take(&h, &p) {
-                tracing::warn!(partition = %h.id, "checkpoint: {e}");
+            if due {
+                if let Err(e) = self.take(&h, &p) {
+                    tracing::warn!(partition = %h.id, "checkpoint: {e}");
+                }
+            } else if interval > 0 {
+                // Between checkpoints, what compactions wrote goes to the store as it appears,
+                // so that the next checkpoint has little left to upload.
+                match self.store.upload_ahead(&h.db, &p) {
+                    Ok(0) => {}
+                    Ok(bytes) => tracing::debug!(partition = %h.id, bytes, "uploaded ahead"),
+                    Err(e) => {
+                        tracing::warn!(partition = %h.id, "upload ahead of a checkpoint: {e}")
+                    }
+                }
             }
         }
         // Forget the partitions no longer here.

@@ -115,6 +115,15 @@ impl Manifest {
         self.files.iter().map(|f| f.size).sum()
     }
 
+    /// Bytes of its write-ahead log files.
+    pub fn wal_bytes(&self) -> u64 {
+        self.files
+            .iter()
+            .filter(|f| f.name.ends_with(".log"))
+            .map(|f| f.size)
+            .sum()
+    }
+
     /// What the partition table shows of it, with `retained` checkpoints kept.
     pub fn info(&self, retained: usize) -> CheckpointInfo {
         CheckpointInfo {
@@ -126,6 +135,7 @@ impl Manifest {
             files_uploaded: self.files_uploaded,
             files_reused: self.files_reused,
             size_bytes: self.size(),
+            wal_bytes: self.wal_bytes(),
             retained,
             files_deleted: 0,
         }
@@ -151,6 +161,10 @@ pub struct CheckpointInfo {
     pub files_reused: usize,
     /// Bytes of all its files: the state's size on disk.
     pub size_bytes: u64,
+    /// Bytes of write-ahead log it holds in place of SST files of its memtables: 0, unless a
+    /// flush would have waited for a compaction when it was taken.
+    #[serde(default)]
+    pub wal_bytes: u64,
     /// Checkpoints of the partition the store keeps after this one's garbage collection.
     pub retained: usize,
     /// Files garbage collection deleted after it.
@@ -238,6 +252,10 @@ struct Known {
     last_seq: u64,
     /// Files in retained checkpoints, by object: what a later checkpoint need not upload.
     files: HashMap<String, CheckpointFile>,
+    /// Files uploaded ahead of the next checkpoint ([`CheckpointStore::upload_ahead`]), by
+    /// object, and their bytes: the next checkpoint counts them as its own uploads.
+    ahead: HashMap<String, CheckpointFile>,
+    ahead_bytes: u64,
 }
 
 /// A checkpoint store: a directory or an object store, with the retention of checkpoints.
@@ -342,6 +360,14 @@ impl CheckpointStore {
     }
 
     /// Runs `f` on the store's runtime, from a thread of its own: callers may be on a runtime.
+    /// This store, copying files as to an object store instead of linking them (for tests of
+    /// what an object store does).
+    #[cfg(test)]
+    fn copying(mut self) -> Self {
+        self.local_root = None;
+        self
+    }
+
     fn block<T: Send>(&self, f: impl std::future::Future<Output = T> + Send) -> T {
         std::thread::scope(|s| {
             s.spawn(|| self.rt.block_on(f))
@@ -430,7 +456,9 @@ impl CheckpointStore {
         if local.exists() {
             std::fs::remove_dir_all(&local).map_err(|e| io(local.display(), e))?;
         }
-        db.create_checkpoint(&local)?;
+        if db.create_checkpoint_without_waiting(&local)? {
+            tracing::debug!(partition = %p.partition, "checkpoint with the write-ahead log: a flush would have waited");
+        }
         let rocksdb_ms = started.elapsed().as_secs_f64() * 1e3;
         let result = self.upload(
             db,
@@ -442,6 +470,81 @@ impl CheckpointStore {
         );
         let _ = std::fs::remove_dir_all(&local);
         result
+    }
+
+    /// Uploads, ahead of partition `p`'s next checkpoint, the SST files of `db` below level 0
+    /// that no checkpoint of it holds: what compactions wrote since the last one. A checkpoint
+    /// that follows a compaction then uploads little more than its flush, not the hundreds of
+    /// MiB a compaction rewrote (uniform updates rewrite whole levels). What is uploaded ahead
+    /// counts in the next checkpoint's `uploaded_bytes`, files compacted away before it
+    /// included. Nothing for a local store, whose checkpoints link files instead of copying
+    /// them, or before the store was listed (by a first checkpoint here). Returns the bytes.
+    pub fn upload_ahead(&self, db: &PartitionDb, p: &PartitionRef) -> Result<u64> {
+        if self.local_root.is_some() {
+            return Ok(0);
+        }
+        let known = self.known(p);
+        let mut known = known.lock();
+        if !known.listed {
+            return Ok(0);
+        }
+        let dir_id = dir_id(db.path())?;
+        let restored = restored_objects(db.path());
+        let mut wanted: Vec<(String, String)> = db
+            .sst_levels()
+            .into_iter()
+            .filter(|(_, level)| *level > 0)
+            .map(|(name, _)| {
+                let object = restored
+                    .get(&name)
+                    .cloned()
+                    .unwrap_or_else(|| format!("{dir_id}-{name}"));
+                (name, object)
+            })
+            .filter(|(_, object)| {
+                !known.files.contains_key(object) && !known.ahead.contains_key(object)
+            })
+            .collect();
+        if wanted.is_empty() {
+            return Ok(0);
+        }
+        wanted.sort();
+        let dir = db.path().to_path_buf();
+        let uploaded: Vec<Result<(String, CheckpointFile)>> = self.block(async {
+            futures_util::stream::iter(wanted)
+                .map(|(name, object)| {
+                    let path = dir.join(&name);
+                    async move {
+                        let location = ObjectPath::from(format!("{}/files/{object}", p.prefix()));
+                        let (size, crc32) = self.put_file(&path, &location).await?;
+                        Ok((
+                            object.clone(),
+                            CheckpointFile {
+                                name,
+                                object,
+                                size,
+                                crc32,
+                            },
+                        ))
+                    }
+                })
+                .buffer_unordered(CONCURRENCY)
+                .collect()
+                .await
+        });
+        let mut bytes = 0;
+        for u in uploaded {
+            match u {
+                Ok((object, f)) => {
+                    bytes += f.size;
+                    known.ahead.insert(object, f);
+                }
+                // Compacted away before it could be opened: nothing a checkpoint will need.
+                Err(e) => tracing::debug!(partition = %p.partition, "upload ahead: {e}"),
+            }
+        }
+        known.ahead_bytes += bytes;
+        Ok(bytes)
     }
 
     fn upload(
@@ -490,6 +593,9 @@ impl CheckpointStore {
                 if let Some(f) = known.files.get(&object) {
                     files.push(CheckpointFile { name, ..f.clone() });
                     files_reused += 1;
+                } else if let Some(f) = known.ahead.get(&object) {
+                    files.push(CheckpointFile { name, ..f.clone() });
+                    files_uploaded += 1;
                 } else {
                     uploads.push((name, object));
                 }
@@ -516,6 +622,8 @@ impl CheckpointStore {
                 files_uploaded += 1;
                 files.push(f);
             }
+            // Uploaded ahead of it: all of it counts, named here or compacted away since.
+            uploaded_bytes += known.ahead_bytes;
             files.sort_by(|a, b| a.name.cmp(&b.name));
             let manifest = Manifest {
                 format: FORMAT,
@@ -544,6 +652,10 @@ impl CheckpointStore {
                 .await
                 .map_err(|e| self.err(e))?;
             known.last_seq = seq;
+            // What was uploaded ahead and not named here was compacted away before it: garbage
+            // collection deletes it once it is older than every retained checkpoint.
+            known.ahead.clear();
+            known.ahead_bytes = 0;
             known.files = manifest
                 .files
                 .iter()
@@ -559,6 +671,7 @@ impl CheckpointStore {
                 files_uploaded,
                 files_reused,
                 size_bytes: manifest.size(),
+                wal_bytes: manifest.wal_bytes(),
                 retained,
                 files_deleted,
             })
@@ -1057,6 +1170,180 @@ mod tests {
         assert!(store.manifests(&p).unwrap().is_empty());
         let left: Vec<_> = walk(&dir.path().join("store"));
         assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn a_checkpoint_that_holds_the_write_ahead_log_restores_what_its_memtables_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let env = StateEnv::new(32 << 20);
+        let store = CheckpointStore::open(dir.path().join("store").to_str().unwrap(), 3).unwrap();
+        let stores = vec!["counts".to_string()];
+        let p = PartitionRef::new("wc", 7, "wc-0", [0, 2]);
+        let db = env.open_partition(&dir.path().join("db"), &stores).unwrap();
+        assert!(
+            !db.flush_would_wait(),
+            "an idle database has nothing to wait for"
+        );
+        put(&db, "a", "1", 10);
+        let first = store.take(&db, &p, "h").unwrap();
+        assert_eq!(first.wal_bytes, 0, "{first:?}");
+        put(&db, "b", "2", 11);
+        db.force_wal_checkpoints();
+        let second = store.take(&db, &p, "h").unwrap();
+        assert!(second.wal_bytes > 0, "{second:?}");
+        assert!(
+            second.files_reused > 0,
+            "the first one's SST files: {second:?}"
+        );
+        // Written after it: not in it.
+        put(&db, "c", "3", 12);
+
+        let target = dir.path().join("restored");
+        let r = store.restore(&p, &stores, &target).unwrap().unwrap();
+        assert_eq!(r.seq, 2);
+        let copy = env.open_partition(&target, &stores).unwrap();
+        assert_eq!(copy.get(0, b"a").unwrap().as_deref(), Some(&b"1"[..]));
+        assert_eq!(copy.get(0, b"b").unwrap().as_deref(), Some(&b"2"[..]));
+        assert_eq!(copy.get(0, b"c").unwrap(), None);
+        assert_eq!(copy.get_meta_u64("cl/counts/0").unwrap(), Some(11));
+        assert_eq!(
+            store.manifests(&p).unwrap()[1].changelog_offsets["counts/0"],
+            11
+        );
+        // The restored copy checkpoints on, its first checkpoint reusing what it restored.
+        put(&copy, "d", "4", 13);
+        let third = store.take(&copy, &p, "h").unwrap();
+        assert!(third.files_reused > 0, "{third:?}");
+        drop(copy);
+        let again = dir.path().join("again");
+        store.restore(&p, &stores, &again).unwrap().unwrap();
+        let copy = env.open_partition(&again, &stores).unwrap();
+        for (k, v) in [("a", "1"), ("b", "2"), ("d", "4")] {
+            assert_eq!(
+                copy.get(0, k.as_bytes()).unwrap().as_deref(),
+                Some(v.as_bytes()),
+                "{k}"
+            );
+        }
+        assert_eq!(copy.get_meta_u64("cl/counts/0").unwrap(), Some(13));
+    }
+
+    #[test]
+    fn what_compactions_wrote_is_uploaded_ahead_once_and_counted_in_the_next_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let env = StateEnv::new(32 << 20);
+        let root = dir.path().join("store");
+        let store = CheckpointStore::open(root.to_str().unwrap(), 2)
+            .unwrap()
+            .copying();
+        let stores = vec!["counts".to_string()];
+        let p = PartitionRef::new("wc", 7, "wc-0", [0, 2]);
+        let db = env.open_partition(&dir.path().join("db"), &stores).unwrap();
+        let fill = |version: u64| {
+            for i in 0..2000u64 {
+                put(
+                    &db,
+                    &format!("key-{i:05}"),
+                    &format!("v{version}-{i}"),
+                    version * 10_000 + i,
+                );
+            }
+        };
+        fill(1);
+        db.compact_all().unwrap();
+        assert_eq!(
+            store.upload_ahead(&db, &p).unwrap(),
+            0,
+            "not listed before a checkpoint"
+        );
+        let first = store.take(&db, &p, "h").unwrap();
+        assert!(first.uploaded_bytes > 0);
+        assert_eq!(
+            store.upload_ahead(&db, &p).unwrap(),
+            0,
+            "all of it is in the checkpoint"
+        );
+        let objects = |m: &Manifest| -> HashMap<String, u64> {
+            m.files.iter().map(|f| (f.object.clone(), f.size)).collect()
+        };
+
+        // A compaction rewrites every file; they go ahead, once.
+        fill(2);
+        db.compact_all().unwrap();
+        let ahead = store.upload_ahead(&db, &p).unwrap();
+        assert!(ahead > 0);
+        assert_eq!(
+            store.upload_ahead(&db, &p).unwrap(),
+            0,
+            "each file goes ahead once"
+        );
+        let second = store.take(&db, &p, "h").unwrap();
+        let m = store.manifests(&p).unwrap();
+        let (m1, m2) = (objects(&m[0]), objects(&m[1]));
+        let new: u64 = m2
+            .iter()
+            .filter(|(o, _)| !m1.contains_key(*o))
+            .map(|(_, s)| s)
+            .sum();
+        // What went ahead counts here, and nothing was uploaded twice.
+        assert_eq!(second.uploaded_bytes, new, "{second:?}");
+        assert!(second.uploaded_bytes >= ahead);
+
+        // Files that go ahead and are compacted away before the next checkpoint count in it
+        // too, and garbage collection deletes them once every retained checkpoint is newer.
+        fill(3);
+        db.compact_all().unwrap();
+        let wasted = store.upload_ahead(&db, &p).unwrap();
+        let went_ahead: std::collections::HashSet<String> = db
+            .sst_levels()
+            .into_iter()
+            .filter(|(_, level)| *level > 0)
+            .map(|(name, _)| name)
+            .collect();
+        fill(4);
+        db.compact_all().unwrap();
+        let third = store.take(&db, &p, "h").unwrap();
+        let last = store.manifests(&p).unwrap().pop().unwrap();
+        let fresh: u64 = last
+            .files
+            .iter()
+            .filter(|f| !m2.contains_key(&f.object) && !went_ahead.contains(&f.name))
+            .map(|f| f.size)
+            .sum();
+        assert_eq!(third.uploaded_bytes, wasted + fresh, "{third:?}");
+        let orphans: Vec<String> = went_ahead
+            .iter()
+            .filter(|n| !last.files.iter().any(|f| &f.name == *n))
+            .cloned()
+            .collect();
+        assert!(
+            !orphans.is_empty(),
+            "the compaction rewrote what went ahead"
+        );
+        let in_store = |name: &str| {
+            walk(&root)
+                .iter()
+                .any(|f| f.to_string_lossy().ends_with(name))
+        };
+        assert!(
+            orphans.iter().all(|n| in_store(n)),
+            "kept while a checkpoint may name them"
+        );
+        for v in 5..8 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            put(&db, "extra", &format!("{v}"), v * 10_000);
+            store.take(&db, &p, "h").unwrap();
+        }
+        let left: Vec<&String> = orphans.iter().filter(|n| in_store(n)).collect();
+        assert!(left.is_empty(), "garbage collection left {left:?}");
+
+        let target = dir.path().join("restored");
+        store.restore(&p, &stores, &target).unwrap().unwrap();
+        let copy = env.open_partition(&target, &stores).unwrap();
+        for i in [0u64, 999, 1999] {
+            let v = copy.get(0, format!("key-{i:05}").as_bytes()).unwrap();
+            assert_eq!(v.as_deref(), Some(format!("v4-{i}").as_bytes()));
+        }
     }
 
     fn walk(dir: &Path) -> Vec<PathBuf> {

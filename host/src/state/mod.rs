@@ -408,6 +408,8 @@ impl StateEnv {
             hot: self.hot.clone(),
             written: Default::default(),
             memtable_filters: Default::default(),
+            level0_slowdown: std::sync::atomic::AtomicU64::new(20),
+            wal_checkpoints: Default::default(),
             store_options: self.cf_options(),
             ingested: Default::default(),
         })
@@ -475,6 +477,10 @@ pub struct PartitionDb {
     written: std::sync::atomic::AtomicU64,
     /// Whether the stores' new memtables are built with a bloom filter.
     memtable_filters: std::sync::atomic::AtomicBool,
+    /// The stores' level-0 slowdown trigger in their current mode ([`STORE_MODES`]).
+    level0_slowdown: std::sync::atomic::AtomicU64,
+    /// Checkpoints hold the write-ahead log whether or not a flush would wait (tests).
+    wal_checkpoints: std::sync::atomic::AtomicBool,
     /// The stores' options, for the SST files [`PartitionDb::ingest_sorted`] writes.
     store_options: Options,
     /// SST files ingested since the database opened (their names).
@@ -536,6 +542,10 @@ impl PartitionDb {
             let cf = self.cf(store)?;
             self.db.set_options_cf(cf, &STORE_MODES[usize::from(on)])?;
         }
+        self.level0_slowdown.store(
+            STORE_MODES[usize::from(on)][1].1.parse().unwrap_or(20),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         if !on {
             for store in 0..self.cf_names.len() {
                 self.wait_for_level0(self.cf(store)?, SETTLED_L0_MAX);
@@ -703,6 +713,78 @@ impl PartitionDb {
     pub fn create_checkpoint(&self, dir: &Path) -> Result<()> {
         rocksdb::checkpoint::Checkpoint::new(&self.db)?.create_checkpoint(dir)?;
         Ok(())
+    }
+
+    /// [`PartitionDb::create_checkpoint`] for a checkpoint that is uploaded, which does not
+    /// wait for RocksDB's background work: where a flush now would wait (see
+    /// [`PartitionDb::flush_would_wait`]), the memtables stay as they are and the checkpoint
+    /// holds a copy of the write-ahead log instead, which opening it replays. Returns whether
+    /// it did so. Such a checkpoint shares fewer files with the next one, so it is the
+    /// exception: under heavy writes, where a flush waited for a compaction for over a second.
+    pub fn create_checkpoint_without_waiting(&self, dir: &Path) -> Result<bool> {
+        let checkpoint = rocksdb::checkpoint::Checkpoint::new(&self.db)?;
+        if self.flush_would_wait()
+            || self
+                .wal_checkpoints
+                .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            checkpoint.create_checkpoint_with_log_size(dir, u64::MAX)?;
+            Ok(true)
+        } else {
+            checkpoint.create_checkpoint(dir)?;
+            Ok(false)
+        }
+    }
+
+    /// Waits, up to `timeout`, until no flush or compaction is running or queued.
+    pub fn wait_for_compactions(&self, timeout: std::time::Duration) -> Result<()> {
+        let mut o = rocksdb::WaitForCompactOptions::default();
+        o.set_timeout(timeout.as_micros() as u64);
+        self.db.wait_for_compact(&o)?;
+        Ok(())
+    }
+
+    /// Makes every later [`PartitionDb::create_checkpoint_without_waiting`] hold the
+    /// write-ahead log, as if a flush would wait (for tests of that path).
+    #[cfg(test)]
+    pub(crate) fn force_wal_checkpoints(&self) {
+        self.wal_checkpoints
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Compacts every store whole (for tests: files below level 0, at once).
+    #[cfg(test)]
+    pub(crate) fn compact_all(&self) -> Result<()> {
+        for store in 0..self.cf_names.len() {
+            self.db
+                .compact_range_cf(self.cf(store)?, None::<&[u8]>, None::<&[u8]>);
+        }
+        Ok(())
+    }
+
+    /// Whether a flush of the memtables now would wait for background work first. RocksDB
+    /// holds a flush that would put a column family into a write stall until the stall's
+    /// cause is gone: with two memtables a column family (RocksDB's default), an immutable
+    /// memtable not yet flushed; or level 0 one file short of the slowdown trigger, which only
+    /// a compaction clears.
+    pub fn flush_would_wait(&self) -> bool {
+        let slowdown = self
+            .level0_slowdown
+            .load(std::sync::atomic::Ordering::Relaxed);
+        std::iter::once(META_CF.to_string())
+            .chain(self.cf_names.iter().cloned())
+            .filter_map(|name| self.db.cf_handle(&name))
+            .any(|cf| {
+                let int = |p: &str| {
+                    self.db
+                        .property_int_value_cf(cf, p)
+                        .ok()
+                        .flatten()
+                        .unwrap_or(0)
+                };
+                int("rocksdb.num-immutable-mem-table") > 0
+                    || int("rocksdb.num-files-at-level0") + 1 >= slowdown
+            })
     }
 
     /// Removes SST files an ingestion left behind (a crash between writing and ingesting one).
