@@ -259,13 +259,26 @@ async fn moves_of(keys: u64, moves: usize, reshapes: usize) -> anyhow::Result<Me
             running_on(&api, &halves[1], to).await?;
             // Asked of the right half's host: the left half is moved to it, warm.
         }
-        let started = Instant::now();
-        let m = api
-            .post_json(
-                "/api/v1/partitions/merge",
-                &json!({"left": halves[if across { 1 } else { 0 }], "right": halves[if across { 0 } else { 1 }]}),
-            )
-            .await?;
+        // A move runs on its target before its end is in the control log: until then a merge
+        // is refused (409, "is moving"), and asked again.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (started, m) = loop {
+            let started = Instant::now();
+            let m = api
+                .post_json(
+                    "/api/v1/partitions/merge",
+                    &json!({"left": halves[if across { 1 } else { 0 }], "right": halves[if across { 0 } else { 1 }]}),
+                )
+                .await?;
+            let moving = m.status == 409
+                && m.body["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("is moving"));
+            if !moving || Instant::now() > deadline {
+                break (started, m);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
         anyhow::ensure!(m.status == 200, "merge {r}: {m:?}");
         let took = started.elapsed().as_secs_f64();
         let pause = m.body["pause_ms"].as_f64().context("a merge's pause")?;

@@ -920,6 +920,12 @@ pub struct KafkaTransport {
 /// - A full queue postpones the next fetch by 10 ms, not librdkafka's default of 1 s: a partition
 ///   that processes a little slower than it fetches otherwise drains its queue, then idles
 ///   until the second is over.
+/// - A fetch with nothing to return waits at the broker for 20 ms at most, not librdkafka's
+///   500: a broker answers one request of a connection at a time, so a question a handoff asks
+///   of a consumer with a fetch in flight (the ends of its inputs, as a merged partition starts
+///   on its warm replica's clients) waits behind it, and so does a read of records committed
+///   while the fetch waited. At 50 ms those waits were the handoffs' slowest pauses (46-51 ms
+///   steps of 60 ms merges). An idle consumer asks 50 times a second.
 /// - A fetch that failed (a leader that moved, a fetch session the broker dropped) is retried
 ///   after 20 ms, not 500: a move's new owner and its changelog reader are new consumers, and a
 ///   hiccup of their first fetches was the tail of the handoff pause.
@@ -929,7 +935,7 @@ pub const FETCH_SETTINGS: &[(&str, &str)] = &[
     ("queued.max.messages.kbytes", "4096"),
     ("fetch.max.bytes", "2097152"),
     ("fetch.queue.backoff.ms", "10"),
-    ("fetch.wait.max.ms", "50"),
+    ("fetch.wait.max.ms", "20"),
     ("fetch.error.backoff.ms", "20"),
 ];
 
