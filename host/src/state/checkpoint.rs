@@ -495,10 +495,7 @@ impl CheckpointStore {
             .into_iter()
             .filter(|(_, level)| *level > 0)
             .map(|(name, _)| {
-                let object = restored
-                    .get(&name)
-                    .cloned()
-                    .unwrap_or_else(|| format!("{dir_id}-{name}"));
+                let object = sst_object(&restored, &dir_id, &name);
                 (name, object)
             })
             .filter(|(_, object)| {
@@ -509,35 +506,13 @@ impl CheckpointStore {
             return Ok(0);
         }
         wanted.sort();
-        let dir = db.path().to_path_buf();
-        let uploaded: Vec<Result<(String, CheckpointFile)>> = self.block(async {
-            futures_util::stream::iter(wanted)
-                .map(|(name, object)| {
-                    let path = dir.join(&name);
-                    async move {
-                        let location = ObjectPath::from(format!("{}/files/{object}", p.prefix()));
-                        let (size, crc32) = self.put_file(&path, &location).await?;
-                        Ok((
-                            object.clone(),
-                            CheckpointFile {
-                                name,
-                                object,
-                                size,
-                                crc32,
-                            },
-                        ))
-                    }
-                })
-                .buffer_unordered(CONCURRENCY)
-                .collect()
-                .await
-        });
+        let uploaded = self.block(self.put_files(p, db.path(), wanted));
         let mut bytes = 0;
         for u in uploaded {
             match u {
-                Ok((object, f)) => {
+                Ok(f) => {
                     bytes += f.size;
-                    known.ahead.insert(object, f);
+                    known.ahead.insert(f.object.clone(), f);
                 }
                 // Compacted away before it could be opened: nothing a checkpoint will need.
                 Err(e) => tracing::debug!(partition = %p.partition, "upload ahead: {e}"),
@@ -545,6 +520,31 @@ impl CheckpointStore {
         }
         known.ahead_bytes += bytes;
         Ok(bytes)
+    }
+
+    /// Puts the files `(name, object)` of directory `dir` into partition `p`'s files, several
+    /// at once (an object store's round trips overlap).
+    async fn put_files(
+        &self,
+        p: &PartitionRef,
+        dir: &Path,
+        files: Vec<(String, String)>,
+    ) -> Vec<Result<CheckpointFile>> {
+        futures_util::stream::iter(files)
+            .map(|(name, object)| async move {
+                let path = dir.join(&name);
+                let location = ObjectPath::from(format!("{}/files/{object}", p.prefix()));
+                let (size, crc32) = self.put_file(&path, &location).await?;
+                Ok(CheckpointFile {
+                    name,
+                    object,
+                    size,
+                    crc32,
+                })
+            })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await
     }
 
     fn upload(
@@ -583,10 +583,7 @@ impl CheckpointStore {
             let mut uploads = Vec::new();
             for name in names {
                 let object = if name.ends_with(".sst") {
-                    restored
-                        .get(&name)
-                        .cloned()
-                        .unwrap_or_else(|| format!("{dir_id}-{name}"))
+                    sst_object(&restored, &dir_id, &name)
                 } else {
                     format!("{dir_id}-{seq}-{name}")
                 };
@@ -600,23 +597,7 @@ impl CheckpointStore {
                     uploads.push((name, object));
                 }
             }
-            // Several files at once: an object store's round trips overlap.
-            let uploaded: Vec<Result<CheckpointFile>> = futures_util::stream::iter(uploads)
-                .map(|(name, object)| async move {
-                    let path = local.join(&name);
-                    let location = ObjectPath::from(format!("{}/files/{object}", p.prefix()));
-                    let (size, crc32) = self.put_file(&path, &location).await?;
-                    Ok(CheckpointFile {
-                        name,
-                        object,
-                        size,
-                        crc32,
-                    })
-                })
-                .buffer_unordered(CONCURRENCY)
-                .collect()
-                .await;
-            for f in uploaded {
+            for f in self.put_files(p, local, uploads).await {
                 let f = f?;
                 uploaded_bytes += f.size;
                 files_uploaded += 1;
@@ -1075,6 +1056,15 @@ fn dir_id(dir: &Path) -> Result<String> {
 }
 
 /// The objects of the files a directory was restored from, by name.
+/// The object of SST file `name` of a directory with id `dir_id`: the one it was restored
+/// from, or a name of its own for good (a directory never reuses a file number).
+fn sst_object(restored: &HashMap<String, String>, dir_id: &str, name: &str) -> String {
+    restored
+        .get(name)
+        .cloned()
+        .unwrap_or_else(|| format!("{dir_id}-{name}"))
+}
+
 fn restored_objects(dir: &Path) -> HashMap<String, String> {
     std::fs::read(dir.join(RESTORED_FILE))
         .ok()
@@ -1131,14 +1121,43 @@ mod tests {
         .unwrap();
     }
 
-    #[test]
-    fn a_checkpoint_restores_into_a_new_directory_and_a_purge_deletes_every_file() {
+    /// A new directory with a store of `retain` checkpoints and the database of partition
+    /// `wc-0` of pipeline `wc` (store `counts`) in it.
+    type Fixture = (
+        tempfile::TempDir,
+        StateEnv,
+        CheckpointStore,
+        Vec<String>,
+        PartitionRef,
+        PartitionDb,
+    );
+
+    fn fixture(retain: usize) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let env = StateEnv::new(32 << 20);
-        let store = CheckpointStore::open(dir.path().join("store").to_str().unwrap(), 2).unwrap();
+        let root = dir.path().join("store");
+        let store = CheckpointStore::open(root.to_str().unwrap(), retain).unwrap();
         let stores = vec!["counts".to_string()];
         let p = PartitionRef::new("wc", 7, "wc-0", [0, 2]);
         let db = env.open_partition(&dir.path().join("db"), &stores).unwrap();
+        (dir, env, store, stores, p, db)
+    }
+
+    /// The newest checkpoint of `p` restored into `target`, and opened.
+    fn restore_newest(
+        store: &CheckpointStore,
+        env: &StateEnv,
+        p: &PartitionRef,
+        stores: &[String],
+        target: &Path,
+    ) -> (Restored, PartitionDb) {
+        let r = store.restore(p, stores, target).unwrap().unwrap();
+        (r, env.open_partition(target, stores).unwrap())
+    }
+
+    #[test]
+    fn a_checkpoint_restores_into_a_new_directory_and_a_purge_deletes_every_file() {
+        let (dir, env, store, stores, p, db) = fixture(2);
         put(&db, "a", "1", 10);
         let first = store.take(&db, &p, "h").unwrap();
         assert_eq!((first.seq, first.files_reused), (1, 0));
@@ -1150,10 +1169,8 @@ mod tests {
         assert_eq!(m.len(), 2);
         assert_eq!(m[1].changelog_offsets.get("counts/0"), Some(&11));
 
-        let target = dir.path().join("restored");
-        let r = store.restore(&p, &stores, &target).unwrap().unwrap();
+        let (r, copy) = restore_newest(&store, &env, &p, &stores, &dir.path().join("restored"));
         assert_eq!(r.seq, 2);
-        let copy = env.open_partition(&target, &stores).unwrap();
         assert_eq!(copy.get(0, b"a").unwrap().as_deref(), Some(&b"1"[..]));
         assert_eq!(copy.get(0, b"b").unwrap().as_deref(), Some(&b"2"[..]));
         assert_eq!(copy.get_meta_u64("cl/counts/0").unwrap(), Some(11));
@@ -1174,12 +1191,7 @@ mod tests {
 
     #[test]
     fn a_checkpoint_that_holds_the_write_ahead_log_restores_what_its_memtables_held() {
-        let dir = tempfile::tempdir().unwrap();
-        let env = StateEnv::new(32 << 20);
-        let store = CheckpointStore::open(dir.path().join("store").to_str().unwrap(), 3).unwrap();
-        let stores = vec!["counts".to_string()];
-        let p = PartitionRef::new("wc", 7, "wc-0", [0, 2]);
-        let db = env.open_partition(&dir.path().join("db"), &stores).unwrap();
+        let (dir, env, store, stores, p, db) = fixture(3);
         assert!(
             !db.flush_would_wait(),
             "an idle database has nothing to wait for"
@@ -1198,10 +1210,8 @@ mod tests {
         // Written after it: not in it.
         put(&db, "c", "3", 12);
 
-        let target = dir.path().join("restored");
-        let r = store.restore(&p, &stores, &target).unwrap().unwrap();
+        let (r, copy) = restore_newest(&store, &env, &p, &stores, &dir.path().join("restored"));
         assert_eq!(r.seq, 2);
-        let copy = env.open_partition(&target, &stores).unwrap();
         assert_eq!(copy.get(0, b"a").unwrap().as_deref(), Some(&b"1"[..]));
         assert_eq!(copy.get(0, b"b").unwrap().as_deref(), Some(&b"2"[..]));
         assert_eq!(copy.get(0, b"c").unwrap(), None);
@@ -1215,9 +1225,7 @@ mod tests {
         let third = store.take(&copy, &p, "h").unwrap();
         assert!(third.files_reused > 0, "{third:?}");
         drop(copy);
-        let again = dir.path().join("again");
-        store.restore(&p, &stores, &again).unwrap().unwrap();
-        let copy = env.open_partition(&again, &stores).unwrap();
+        let (_, copy) = restore_newest(&store, &env, &p, &stores, &dir.path().join("again"));
         for (k, v) in [("a", "1"), ("b", "2"), ("d", "4")] {
             assert_eq!(
                 copy.get(0, k.as_bytes()).unwrap().as_deref(),
@@ -1230,15 +1238,9 @@ mod tests {
 
     #[test]
     fn what_compactions_wrote_is_uploaded_ahead_once_and_counted_in_the_next_checkpoint() {
-        let dir = tempfile::tempdir().unwrap();
-        let env = StateEnv::new(32 << 20);
+        let (dir, env, store, stores, p, db) = fixture(2);
+        let store = store.copying();
         let root = dir.path().join("store");
-        let store = CheckpointStore::open(root.to_str().unwrap(), 2)
-            .unwrap()
-            .copying();
-        let stores = vec!["counts".to_string()];
-        let p = PartitionRef::new("wc", 7, "wc-0", [0, 2]);
-        let db = env.open_partition(&dir.path().join("db"), &stores).unwrap();
         let fill = |version: u64| {
             for i in 0..2000u64 {
                 put(
@@ -1337,9 +1339,7 @@ mod tests {
         let left: Vec<&String> = orphans.iter().filter(|n| in_store(n)).collect();
         assert!(left.is_empty(), "garbage collection left {left:?}");
 
-        let target = dir.path().join("restored");
-        store.restore(&p, &stores, &target).unwrap().unwrap();
-        let copy = env.open_partition(&target, &stores).unwrap();
+        let (_, copy) = restore_newest(&store, &env, &p, &stores, &dir.path().join("restored"));
         for i in [0u64, 999, 1999] {
             let v = copy.get(0, format!("key-{i:05}").as_bytes()).unwrap();
             assert_eq!(v.as_deref(), Some(format!("v4-{i}").as_bytes()));
