@@ -122,12 +122,8 @@ impl Checkpoints {
             let Some((interval, p)) = self.of(&h) else {
                 continue;
             };
-            let known = self
-                .last
-                .lock()
-                .get(&h.id)
-                .is_some_and(|(status, _)| Arc::ptr_eq(status, &h.status));
-            if !known {
+            if !self.seen(&h) {
+                self.store.forget(&p);
                 // Started here since the last look: its interval runs from the newest
                 // checkpoint in the store, which the partition table shows until the next. A
                 // half of a split or a merged partition with none yet gets its first soon:
@@ -349,6 +345,18 @@ impl Checkpoints {
                 "partition `{id}` did not commit within {FLUSH_WAIT:?}"
             )));
         }
+        if !self.seen(&h) {
+            self.store.forget(&p);
+        }
         self.take(&h, &p)
+    }
+
+    /// Whether `h` is the session of its partition this scheduler saw last: not when the
+    /// partition started here since (again, perhaps, after running elsewhere).
+    fn seen(&self, h: &PartitionHandle) -> bool {
+        self.last
+            .lock()
+            .get(&h.id)
+            .is_some_and(|(status, _)| Arc::ptr_eq(status, &h.status))
     }
 }

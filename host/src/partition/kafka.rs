@@ -440,10 +440,13 @@ impl PartitionIo for KafkaIo {
                 .map(|tp| c.committed.get(tp).copied())
                 .collect::<Option<Vec<_>>>()
         });
+        let started = Instant::now();
+        let was_checked = checked.is_some();
         let committed = match checked {
             Some(c) => c,
             None => self.consumer.committed(&tps)?,
         };
+        let committed_at = Instant::now();
         let mut out = vec![Vec::new(); topics.len()];
         let mut assign = Vec::new();
         self.sources.replay_ends.clear();
@@ -502,6 +505,7 @@ impl PartitionIo for KafkaIo {
         // leaders now, so its first fetch goes out as soon as it is assigned.
         let tps: Vec<(String, u32)> = assign.iter().map(|(t, s, _)| (t.clone(), *s)).collect();
         let ends = self.consumer.ends(&tps).ok();
+        let ends_at = Instant::now();
         let mut waiting = Vec::with_capacity(assign.len());
         for (i, (topic, slot, next)) in assign.iter().enumerate() {
             let mut lag = 0;
@@ -532,7 +536,21 @@ impl PartitionIo for KafkaIo {
                 ));
             }
         }
+        let assigned_at = Instant::now();
         db.commit([], &meta)?;
+        if started.elapsed() > Duration::from_millis(20) {
+            // Within a handoff's pause: where a slow one went.
+            let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
+            tracing::info!(
+                committed_ms = ms(started, committed_at),
+                checked = was_checked,
+                ends_ms = ms(committed_at, ends_at),
+                assign_ms = ms(ends_at, assigned_at),
+                commit_ms = ms(assigned_at, Instant::now()),
+                "input positions took {:.1} ms",
+                ms(started, Instant::now())
+            );
+        }
         Ok(out)
     }
 

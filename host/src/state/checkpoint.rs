@@ -359,7 +359,6 @@ impl CheckpointStore {
         self.retain
     }
 
-    /// Runs `f` on the store's runtime, from a thread of its own: callers may be on a runtime.
     /// This store, copying files as to an object store instead of linking them (for tests of
     /// what an object store does).
     #[cfg(test)]
@@ -368,6 +367,7 @@ impl CheckpointStore {
         self
     }
 
+    /// Runs `f` on the store's runtime, from a thread of its own: callers may be on a runtime.
     fn block<T: Send>(&self, f: impl std::future::Future<Output = T> + Send) -> T {
         std::thread::scope(|s| {
             s.spawn(|| self.rt.block_on(f))
@@ -472,6 +472,14 @@ impl CheckpointStore {
         result
     }
 
+    /// Forgets what this host knew of partition `p`'s checkpoints, for a partition that starts
+    /// here (again): while it ran elsewhere, another host took checkpoints of it and its
+    /// garbage collection deleted files this host had uploaded, so the next checkpoint here
+    /// lists the store again and uploads what it does not hold.
+    pub fn forget(&self, p: &PartitionRef) {
+        *self.known(p).lock() = Known::default();
+    }
+
     /// Uploads, ahead of partition `p`'s next checkpoint, the SST files of `db` below level 0
     /// that no checkpoint of it holds: what compactions wrote since the last one. A checkpoint
     /// that follows a compaction then uploads little more than its flush, not the hundreds of
@@ -514,8 +522,12 @@ impl CheckpointStore {
                     bytes += f.size;
                     known.ahead.insert(f.object.clone(), f);
                 }
-                // Compacted away before it could be opened: nothing a checkpoint will need.
-                Err(e) => tracing::debug!(partition = %p.partition, "upload ahead: {e}"),
+                // A file compacted away before it could be opened is nothing a checkpoint will
+                // need; any other failure is the store's, and the file goes again next time.
+                Err(e @ CheckpointError::Io(_)) => {
+                    tracing::debug!(partition = %p.partition, "upload ahead: {e}")
+                }
+                Err(e) => tracing::warn!(partition = %p.partition, "upload ahead: {e}"),
             }
         }
         known.ahead_bytes += bytes;
@@ -1055,7 +1067,6 @@ fn dir_id(dir: &Path) -> Result<String> {
     Ok(id)
 }
 
-/// The objects of the files a directory was restored from, by name.
 /// The object of SST file `name` of a directory with id `dir_id`: the one it was restored
 /// from, or a name of its own for good (a directory never reuses a file number).
 fn sst_object(restored: &HashMap<String, String>, dir_id: &str, name: &str) -> String {
@@ -1065,6 +1076,7 @@ fn sst_object(restored: &HashMap<String, String>, dir_id: &str, name: &str) -> S
         .unwrap_or_else(|| format!("{dir_id}-{name}"))
 }
 
+/// The objects of the files a directory was restored from, by name.
 fn restored_objects(dir: &Path) -> HashMap<String, String> {
     std::fs::read(dir.join(RESTORED_FILE))
         .ok()
@@ -1344,6 +1356,43 @@ mod tests {
             let v = copy.get(0, format!("key-{i:05}").as_bytes()).unwrap();
             assert_eq!(v.as_deref(), Some(format!("v4-{i}").as_bytes()));
         }
+    }
+
+    #[test]
+    fn a_partition_back_on_a_host_checkpoints_after_what_another_host_took_meanwhile() {
+        let (dir, env, store, stores, p, db) = fixture(2);
+        let store = store.copying();
+        let root = dir.path().join("store");
+        let pause = || std::thread::sleep(std::time::Duration::from_millis(20));
+        // Host a checkpoints, then uploads a compaction's files ahead.
+        put(&db, "a", "1", 10);
+        store.take(&db, &p, "a").unwrap();
+        put(&db, "a", "2", 11);
+        db.compact_all().unwrap();
+        assert!(store.upload_ahead(&db, &p).unwrap() > 0);
+        // The partition runs on host b, which takes two checkpoints: with 2 retained, its
+        // garbage collection deletes what host a uploaded.
+        pause();
+        let other = CheckpointStore::open(root.to_str().unwrap(), 2)
+            .unwrap()
+            .copying();
+        let b = env
+            .open_partition(&dir.path().join("db-b"), &stores)
+            .unwrap();
+        for (value, offset) in [("b1", 20), ("b2", 21)] {
+            put(&b, "b", value, offset);
+            other.take(&b, &p, "b").unwrap();
+            pause();
+        }
+        // Back on host a (its directory kept): it checkpoints after b's, every file there.
+        store.forget(&p);
+        put(&db, "a", "3", 30);
+        let back = store.take(&db, &p, "a").unwrap();
+        assert_eq!(back.seq, 4, "{back:?}");
+        let (r, copy) = restore_newest(&store, &env, &p, &stores, &dir.path().join("restored"));
+        assert_eq!((r.seq, r.skipped.len()), (4, 0), "{r:?}");
+        assert_eq!(copy.get(0, b"a").unwrap().as_deref(), Some(&b"3"[..]));
+        assert_eq!(copy.get_meta_u64("cl/counts/0").unwrap(), Some(30));
     }
 
     fn walk(dir: &Path) -> Vec<PathBuf> {
