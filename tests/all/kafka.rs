@@ -158,6 +158,53 @@ async fn the_input_consumer_hands_over_what_is_there_without_waiting_for_a_full_
     .await?
 }
 
+/// A fetch waiting on a quiet input ends when its waker is called from another thread (a
+/// partition told to stop or commit acts at once, not after its wait), and a waker outlives
+/// its consumer harmlessly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_waiting_for_input_ends_when_woken() -> anyhow::Result<()> {
+    use baton::transport::TopicKind;
+    use baton::transport::Transport;
+    use baton::transport::kafka::{KafkaConfig, KafkaTransport};
+    let _k = kafka_lock().await;
+    tokio::task::spawn_blocking(|| -> anyhow::Result<()> {
+        let t = KafkaTransport::connect(KafkaConfig::new(kafka_bootstrap()))?;
+        let topic = unique("woken");
+        t.ensure_topic(&topic, 1, TopicKind::Data)?;
+        let c = t.input_consumer(&unique("woken-group"))?;
+        c.assign(&[(topic.clone(), 0, 0)], 1)?;
+        let waker = c.waker();
+        let wait = Duration::from_secs(60);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let fetching = std::thread::spawn(move || {
+            let started = std::time::Instant::now();
+            tx.send(()).ok();
+            let got = c.fetch(1000, wait);
+            (got.len(), started.elapsed(), c)
+        });
+        rx.recv()?;
+        // Woken over and over until the fetch is over: a wake before the fetch waits ends
+        // that wait too, so one is enough, but the thread may not have reached it yet.
+        let deadline = std::time::Instant::now() + wait / 2;
+        while !fetching.is_finished() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the fetch did not end when woken"
+            );
+            waker.wake();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let (got, took, c) = fetching.join().expect("the fetching thread");
+        assert_eq!(got, 0, "nothing was produced");
+        assert!(took < wait / 2, "the fetch sat out its wait: {took:?}");
+        drop(c);
+        waker.wake();
+        t.delete_topics(&[topic])?;
+        Ok(())
+    })
+    .await?
+}
+
 /// An in-process host on Kafka running word-count over a new input topic; returns the host,
 /// the pipeline and the input topic.
 async fn word_count_on_kafka(

@@ -427,24 +427,22 @@ impl Splits {
             .map(|(_, t)| *t)
             .min()
             .unwrap_or_else(Instant::now);
+        // The later side's final commit: what the pause waited for both sides to stop.
+        let both_stopped = drained
+            .iter()
+            .map(|(_, t)| *t)
+            .max()
+            .unwrap_or(final_commit);
         let offsets: Vec<crate::partition::SlotProgress> =
             drained.into_iter().flat_map(|(o, _)| o).collect();
-        let mut marks: Vec<(&'static str, Instant)> = Vec::new();
+        let mut marks: Vec<(&'static str, Instant)> = vec![("drained", both_stopped)];
         let mut replica = None;
         let merged = match warm {
             Some((half, mut p)) => {
-                let caught_up = (|| -> std::result::Result<(), String> {
-                    let tail = p.tail();
-                    for h in &released {
-                        tail.expect_ends(&h.db)
-                            .map_err(|e| format!("reading the final positions: {e:#}"))?;
-                    }
-                    if !tail.caught_up() {
-                        tail.read_to_end(&half.db, CATCH_UP_IDLE, &mut |_| {})
-                            .map_err(|e| format!("reading the last changelog records: {e:#}"))?;
-                    }
-                    Ok(())
-                })();
+                let sides: Vec<&crate::state::PartitionDb> =
+                    released.iter().map(|h| &*h.db).collect();
+                let caught_up =
+                    crate::cluster::split::catch_up(&half, p.tail(), &sides, &mut marks);
                 match caught_up.and_then(|()| self.hand_clients(&half, p, &offsets)) {
                     Ok(r) => replica = Some(r),
                     Err(e) => {

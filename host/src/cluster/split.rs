@@ -385,7 +385,7 @@ impl Splits {
             let mut failed = None;
             for (half, prepared) in warm {
                 if let Some(mut p) = prepared {
-                    let caught_up = catch_up(&half, p.tail(), &released.db);
+                    let caught_up = catch_up(&half, p.tail(), &[&released.db], &mut marks);
                     match caught_up.and_then(|()| self.hand_clients(&half, p, &offsets)) {
                         Ok(r) => replicas.push(r),
                         Err(e) => failed = Some(format!("half `{}`: {e}", half.id)),
@@ -770,17 +770,24 @@ impl Splits {
     }
 }
 
-/// Reads `half`'s changelogs with `tail` to where `partition` (stopped after its final
-/// commit) holds them: the last records of its slots. They become readable once the final
-/// transaction is complete.
-fn catch_up(
+/// Reads `half`'s changelogs with `tail` to where the `stopped` partitions (each after its
+/// final commit) hold them: the last records of their slots. They become readable once the
+/// final transactions are complete, which the broker's ends for committed reads say first
+/// (a fetch asked for them earlier waits out its long poll).
+pub(super) fn catch_up(
     half: &Half,
     tail: &mut Tail,
-    partition: &PartitionDb,
+    stopped: &[&PartitionDb],
+    marks: &mut Vec<(&'static str, Instant)>,
 ) -> std::result::Result<(), String> {
-    tail.expect_ends(partition)
-        .map_err(|e| format!("reading the final changelog positions: {e:#}"))?;
+    for db in stopped {
+        tail.expect_ends(db)
+            .map_err(|e| format!("reading the final changelog positions: {e:#}"))?;
+    }
     if !tail.caught_up() {
+        tail.wait_stable(Instant::now() + CATCH_UP_IDLE)
+            .map_err(|e| format!("waiting for the final changelog records: {e:#}"))?;
+        marks.push(("stable", Instant::now()));
         tail.read_to_end(&half.db, CATCH_UP_IDLE, &mut |_| {})
             .map_err(|e| format!("reading the last changelog records: {e:#}"))?;
     }

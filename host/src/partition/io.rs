@@ -117,6 +117,10 @@ pub trait PartitionIo: Send {
     /// is in flight at a time; [`PartitionIo::commit_finish`] ends it. Processing may go on
     /// meanwhile, but nothing of the batch is in RocksDB before it committed.
     fn commit_start(&mut self, db: &Arc<PartitionDb>, batch: Arc<Batch>) -> anyhow::Result<()>;
+    /// What wakes [`PartitionIo::fetch`] waiting for input from another thread, if anything.
+    fn fetch_waker(&self) -> Option<crate::transport::FetchWaker> {
+        None
+    }
     /// True when the commit in flight has ended (well or not), or when none is.
     fn commit_ready(&mut self) -> bool {
         true

@@ -144,6 +144,12 @@ impl Prepared {
             .flat_map(|t| slots.clone().map(move |s| (t.clone(), s)))
             .collect();
         consumer.committed(&tps)?;
+        // And their ends once: the consumer then holds the inputs' metadata, so that the
+        // session's question for the ends (in a handoff's pause) needs no metadata request
+        // first. A failure here only costs that request later.
+        if let Err(e) = consumer.ends(&tps) {
+            tracing::debug!(partition = id, "asking the inputs' ends ahead: {e}");
+        }
         Ok(Prepared {
             consumer,
             producer,
@@ -600,6 +606,10 @@ impl PartitionIo for KafkaIo {
             batch,
             offsets,
         })
+    }
+
+    fn fetch_waker(&self) -> Option<crate::transport::FetchWaker> {
+        Some(self.consumer.waker())
     }
 
     fn commit_ready(&mut self) -> bool {

@@ -303,6 +303,7 @@ impl PartitionTask {
             probation: 0,
         };
         let mut io = (self.io)().map_err(SessionError::from_io)?;
+        *self.status.fetch_waker.lock() = io.fetch_waker();
         step("clients");
 
         self.steps.pass(crate::steps::SESSION_RESTORE, &self.id);

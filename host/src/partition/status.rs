@@ -36,6 +36,9 @@ pub struct SlotProgress {
 
 /// Live status of a partition, shared with the HTTP layer.
 pub struct PartitionStatus {
+    /// Wakes the running session's fetch, so that a command is acted on at once rather than
+    /// after the fetch's wait (none on the embedded log, whose waits are short).
+    pub fetch_waker: Mutex<Option<crate::transport::FetchWaker>>,
     /// Phase.
     pub phase: Mutex<Phase>,
     /// Per-slot progress.
@@ -188,6 +191,7 @@ impl PartitionStatus {
             checkpoints: AtomicU64::new(0),
             checkpoint_failures: AtomicU64::new(0),
             checkpoint_uploaded_bytes: AtomicU64::new(0),
+            fetch_waker: Mutex::new(None),
         }
     }
 }

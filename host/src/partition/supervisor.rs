@@ -60,7 +60,11 @@ pub struct PartitionHandle {
 impl PartitionHandle {
     /// Tells the loop `command`; `false` when the loop has ended.
     pub fn send(&self, command: Command) -> bool {
-        self.commands.send(command).is_ok()
+        let sent = self.commands.send(command).is_ok();
+        if let Some(w) = self.status.fetch_waker.lock().as_ref() {
+            w.wake();
+        }
+        sent
     }
 
     /// Asks the loop to commit what is pending and stop (without waiting: see [`Self::join`]).

@@ -247,6 +247,31 @@ impl Tail {
         Ok(())
     }
 
+    /// Waits, asking the broker every millisecond until `deadline`, for every changelog
+    /// partition's end for committed reads to reach its end last seen (set by
+    /// [`Tail::expect_ends`]): the final transaction of a stopped partition is complete, and a
+    /// fetch from here on returns its records. Fails naming the partition still short.
+    pub fn wait_stable(&mut self, deadline: Instant) -> anyhow::Result<()> {
+        loop {
+            let ends = self.ends.ends(&self.tps)?;
+            let short = self
+                .parts
+                .iter()
+                .zip(&ends)
+                .find(|((_, _, _, hi), end)| *end < hi);
+            let Some((&(si, slot, _, hi), &end)) = short else {
+                return Ok(());
+            };
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "changelog {}/{slot} ends at {end} for committed reads, before the final \
+                 position {hi}: the last transaction did not complete in time",
+                self.changelogs[si]
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// Records between where each changelog partition is read to and its end last seen.
     pub fn behind(&self) -> u64 {
         self.parts

@@ -1598,6 +1598,11 @@ impl InputConsumer {
             .collect()
     }
 
+    /// What wakes [`InputConsumer::fetch`] waiting for records from another thread.
+    pub fn waker(&self) -> super::FetchWaker {
+        self.records.waker()
+    }
+
     /// Assigns these topic partitions at these offsets: once per consumer (a session makes a
     /// new one).
     ///

@@ -5,6 +5,8 @@ pub mod embedded;
 pub mod kafka;
 mod rdbatch;
 
+pub use rdbatch::FetchWaker;
+
 pub use crate::partitioner;
 pub use crate::record::Record;
 

@@ -8,7 +8,10 @@
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, CString, c_char, c_void};
+use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use rdkafka::bindings as rd;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -17,17 +20,44 @@ use rdkafka::types::RDKafkaErrorCode;
 use super::Record;
 
 /// The queue that assigned topic partitions' records are forwarded to.
-pub(super) struct RecordQueue(*mut rd::rd_kafka_queue_t);
+pub(super) struct RecordQueue {
+    queue: *mut rd::rd_kafka_queue_t,
+    /// The same queue for [`FetchWaker`]s, emptied (under its lock) before the queue goes.
+    wakers: Arc<Mutex<Option<QueuePtr>>>,
+}
+
+/// A queue handle that may cross threads.
+struct QueuePtr(*mut rd::rd_kafka_queue_t);
 
 // SAFETY: librdkafka's queues are thread-safe; the handle is only destroyed on drop.
 unsafe impl Send for RecordQueue {}
 unsafe impl Sync for RecordQueue {}
+// SAFETY: as above; a `QueuePtr` is only used under its slot's lock, which the queue's drop
+// takes before destroying it.
+unsafe impl Send for QueuePtr {}
 
 impl Drop for RecordQueue {
     fn drop(&mut self) {
-        // SAFETY: the handle came from rd_kafka_queue_new and is destroyed once. Its owner
-        // declares it before the consumer, so it goes first.
-        unsafe { rd::rd_kafka_queue_destroy(self.0) }
+        self.wakers.lock().take();
+        // SAFETY: the handle came from rd_kafka_queue_new and is destroyed once, after no
+        // waker can reach it. Its owner declares it before the consumer, so it goes first.
+        unsafe { rd::rd_kafka_queue_destroy(self.queue) }
+    }
+}
+
+/// Ends, from another thread, a [`RecordQueue::consume`] waiting for records (the next one, if
+/// none waits now): a partition's loop told to stop or commit acts at once instead of after
+/// its fetch's wait. Does nothing once the queue is gone.
+#[derive(Clone)]
+pub struct FetchWaker(Arc<Mutex<Option<QueuePtr>>>);
+
+impl FetchWaker {
+    /// Wakes the queue's reader.
+    pub fn wake(&self) {
+        if let Some(q) = self.0.lock().as_ref() {
+            // SAFETY: the queue is alive while its slot holds it (see `RecordQueue`'s drop).
+            unsafe { rd::rd_kafka_queue_yield(q.0) }
+        }
     }
 }
 
@@ -35,7 +65,16 @@ impl RecordQueue {
     /// A new queue of `consumer`'s client. The owner must drop it before the consumer.
     pub(super) fn new(consumer: &BaseConsumer) -> Self {
         // SAFETY: the client is alive.
-        RecordQueue(unsafe { rd::rd_kafka_queue_new(consumer.client().native_ptr()) })
+        let queue = unsafe { rd::rd_kafka_queue_new(consumer.client().native_ptr()) };
+        RecordQueue {
+            queue,
+            wakers: Arc::new(Mutex::new(Some(QueuePtr(queue)))),
+        }
+    }
+
+    /// What wakes this queue's reader from another thread.
+    pub(super) fn waker(&self) -> FetchWaker {
+        FetchWaker(self.wakers.clone())
     }
 
     /// Sends the records of a topic partition here from now on (call before assigning it).
@@ -57,7 +96,7 @@ impl RecordQueue {
             if pq.is_null() {
                 return Err(format!("no fetch queue for {topic}/{partition}"));
             }
-            rd::rd_kafka_queue_forward(pq, self.0);
+            rd::rd_kafka_queue_forward(pq, self.queue);
             rd::rd_kafka_queue_destroy(pq);
         }
         Ok(())
@@ -81,7 +120,8 @@ impl RecordQueue {
         let mut raw: Vec<*mut rd::rd_kafka_message_t> = vec![std::ptr::null_mut(); max];
         // SAFETY: `raw` has room for `max` messages; each one filled in is ours, destroyed by
         // `RawMessage`'s drop.
-        let n = unsafe { rd::rd_kafka_consume_batch_queue(self.0, wait_ms, raw.as_mut_ptr(), max) };
+        let n =
+            unsafe { rd::rd_kafka_consume_batch_queue(self.queue, wait_ms, raw.as_mut_ptr(), max) };
         if n < 0 {
             tracing::warn!("input consumer: batch read failed");
             return Vec::new();
