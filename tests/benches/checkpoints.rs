@@ -3,8 +3,9 @@
 //! `BATON_CKPT_MIB` MiB (default 1024) of 100-byte values, then `BATON_CKPT_ROUNDS` (default
 //! 10) rounds that each change `BATON_CKPT_CHANGE` (default 0.01) of the keys at random and take
 //! a checkpoint: duration (p50, p99, max), bytes uploaded against the state's size, and the part
-//! of those bytes in files compactions wrote (SST files below level 0). Then a restore of the
-//! last checkpoint into a new directory, against a bare client reading the same objects.
+//! of those bytes in files compactions wrote (SST files below level 0). Then restores of the
+//! last checkpoint, each into a new directory, alternating with a bare client reading the same
+//! objects, `BATON_CKPT_RESTORES` (default 3) of each: their medians.
 //! `BATON_CKPT_STORES` picks the stores (default `local,s3`). Prints a table.
 //!
 //! The rounds start once the load's compactions are done (`BATON_CKPT_SETTLE=0` starts them at
@@ -188,14 +189,32 @@ fn main() -> anyhow::Result<()> {
         }
         durations.sort_by(f64::total_cmp);
         rocksdb.sort_by(f64::total_cmp);
-        // Restore of the last checkpoint, and a bare client reading the same objects.
-        let target = dir.path().join(format!("restored-{kind}"));
-        let started = Instant::now();
-        let restored = store
-            .restore(&p, &stores_names, &target)?
-            .expect("a checkpoint to restore");
-        let restore_s = started.elapsed().as_secs_f64();
-        let bare_s = store.read_all(&p, restored.seq)?;
+        // Restores of the last checkpoint, each into a new directory, alternating with a bare
+        // client reading the same objects (BATON_CKPT_RESTORES times each, 3 by default): the
+        // medians, so that a slow moment of the server falls on neither side alone.
+        let restores: usize = env_or("BATON_CKPT_RESTORES", 3usize).max(1);
+        let (mut restore_times, mut bare_times) = (Vec::new(), Vec::new());
+        let mut restored = None;
+        for i in 0..restores {
+            let target = dir.path().join(format!("restored-{kind}-{i}"));
+            let started = Instant::now();
+            let r = store
+                .restore(&p, &stores_names, &target)?
+                .expect("a checkpoint to restore");
+            restore_times.push(started.elapsed().as_secs_f64());
+            bare_times.push(store.read_all(&p, r.seq)?);
+            std::fs::remove_dir_all(&target)?;
+            restored = Some(r);
+        }
+        let restored = restored.expect("at least one restore");
+        restore_times.sort_by(f64::total_cmp);
+        bare_times.sort_by(f64::total_cmp);
+        let restore_s = restore_times[restore_times.len() / 2];
+        let bare_s = bare_times[bare_times.len() / 2];
+        eprintln!(
+            "{kind}: restores {restore_times:.3?} s, bare reads {bare_times:.3?} s of {} bytes",
+            restored.bytes
+        );
         rows.push(format!(
             "| {kind} | {:.0} | {:.0} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {with_wal} | {:.1}% | {:.1}% | {:.2} | {:.0} | {:.0} | {:.2} |",
             full.size_bytes as f64 / (1 << 20) as f64,
