@@ -1117,6 +1117,27 @@ mod tests {
     use super::*;
     use crate::state::{StateEnv, WriteRef};
 
+    /// Waits for the clock garbage collection compares to move on: the millisecond of a file's
+    /// modification time, which the file system takes from a clock coarser than the system's
+    /// (a tick of 1 to 10 ms), so that what is written next is newer than what was written
+    /// before.
+    fn next_ms() {
+        let probe = tempfile::NamedTempFile::new().expect("a probe file");
+        let mtime_ms = || {
+            std::fs::write(probe.path(), b"x").expect("writing the probe");
+            std::fs::metadata(probe.path())
+                .and_then(|m| m.modified())
+                .expect("the probe's mtime")
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after the epoch")
+                .as_millis()
+        };
+        let start = mtime_ms();
+        while mtime_ms() <= start {
+            std::thread::yield_now();
+        }
+    }
+
     fn put(db: &PartitionDb, key: &str, value: &str, offset: u64) {
         let w = WriteRef {
             store: 0,
@@ -1344,7 +1365,7 @@ mod tests {
             "kept while a checkpoint may name them"
         );
         for v in 5..8 {
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            next_ms();
             put(&db, "extra", &format!("{v}"), v * 10_000);
             store.take(&db, &p, "h").unwrap();
         }
@@ -1363,7 +1384,7 @@ mod tests {
         let (dir, env, store, stores, p, db) = fixture(2);
         let store = store.copying();
         let root = dir.path().join("store");
-        let pause = || std::thread::sleep(std::time::Duration::from_millis(20));
+        let pause = next_ms;
         // Host a checkpoints, then uploads a compaction's files ahead.
         put(&db, "a", "1", 10);
         store.take(&db, &p, "a").unwrap();

@@ -924,8 +924,10 @@ pub struct KafkaTransport {
 ///   500: a broker answers one request of a connection at a time, so a question a handoff asks
 ///   of a consumer with a fetch in flight (the ends of its inputs, as a merged partition starts
 ///   on its warm replica's clients) waits behind it, and so does a read of records committed
-///   while the fetch waited. At 50 ms those waits were the handoffs' slowest pauses (46-51 ms
-///   steps of 60 ms merges). An idle consumer asks 50 times a second.
+///   while the fetch waited. At 50 ms those waits were steps of 46-51 ms in merges of 60 ms;
+///   at 20 ms the slowest merges were those of a side that saw its drain only when its fetch's
+///   wait ended, which a command now cuts short ([`InputConsumer::waker`]). An idle consumer
+///   asks 50 times a second.
 /// - A fetch that failed (a leader that moved, a fetch session the broker dropped) is retried
 ///   after 20 ms, not 500: a move's new owner and its changelog reader are new consumers, and a
 ///   hiccup of their first fetches was the tail of the handoff pause.
