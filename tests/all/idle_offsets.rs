@@ -3,18 +3,98 @@
 //! group's offsets are gone anyway (a pipeline idle past `offsets.retention.minutes`), a restart
 //! resumes from RocksDB's offsets instead of reprocessing the topic on top of restored state.
 //!
-//! Runs on a broker of its own with `offsets.retention.minutes=1` (its minimum; a static broker
-//! setting) and a 1 s expiry check, so it does not take the shared broker's lock.
+//! The long version runs on a broker of its own with `offsets.retention.minutes=1` (its minimum;
+//! a static broker setting) and a 1 s expiry check, for about two and a half minutes, so it runs
+//! with `scripts/test --full`. The default run deletes the group's offsets while the host is
+//! down, as the broker's expiry does, and checks the restart.
 
 use std::time::{Duration, Instant};
 
 use baton::transport::partitioner::partition_for_key;
-use baton_tests::{InProcess, OwnBroker, count, group_offsets_on, wait_for};
+use baton_tests::{
+    InProcess, OwnBroker, count, group_offsets_on, kafka_bootstrap, kafka_shared, unique, wait_for,
+};
 use serde_json::json;
 
 const RETENTION: Duration = Duration::from_secs(60);
 
+/// Without the group's offsets (deleted while the host was down), a restart resumes from
+/// RocksDB's input offsets: only the new records are processed, and every count is exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_without_the_groups_offsets_resumes_from_rocksdbs() -> anyhow::Result<()> {
+    let _shared = kafka_shared().await;
+    let bootstrap = kafka_bootstrap();
+    let dir = tempfile::tempdir()?;
+    let topic = unique("idle-words");
+    let host = InProcess::start_with(dir.path(), Some(&bootstrap)).await?;
+    let api = host.api.clone();
+    api.upload_plugin("word-count", "word-count", "1").await?;
+    api.create_pipeline(json!({
+        "name": "idle", "module": "word-count", "version": "1",
+        "inputs": [topic], "stores": ["counts"], "slots": 2, "partitions": 1
+    }))
+    .await?;
+    let group = format!("{}.idle", baton_tests::cluster_name(dir.path()));
+    let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+    let mut produced: Vec<String> = keys.iter().cycle().take(200).cloned().collect();
+    let recs: Vec<_> = produced.iter().map(|k| (k.clone(), None)).collect();
+    api.produce(&topic, &recs).await?;
+    api.wait_caught_up("idle", 200, Duration::from_secs(60))
+        .await?;
+    let before = group_offsets_on(&bootstrap, &group, &topic, 2)?;
+    assert_eq!(
+        before.iter().flatten().sum::<u64>(),
+        200,
+        "the group's offsets before: {before:?}"
+    );
+    host.stop().await?;
+
+    // What the broker's expiry does to an idle group: its offsets are gone.
+    {
+        use rdkafka::admin::{AdminClient, AdminOptions};
+        use rdkafka::client::DefaultClientContext;
+        let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .create()?;
+        for r in admin
+            .delete_groups(&[group.as_str()], &AdminOptions::new())
+            .await?
+        {
+            r.map_err(|(g, e)| anyhow::anyhow!("deleting group {g}: {e}"))?;
+        }
+    }
+    assert_eq!(
+        group_offsets_on(&bootstrap, &group, &topic, 2)?,
+        vec![None, None],
+        "the group's offsets are deleted"
+    );
+
+    let host = InProcess::start_with(dir.path(), Some(&bootstrap)).await?;
+    let api = host.api.clone();
+    let last: Vec<String> = keys.iter().rev().cycle().take(100).cloned().collect();
+    let recs: Vec<_> = last.iter().map(|k| (k.clone(), None)).collect();
+    api.produce(&topic, &recs).await?;
+    produced.extend(last);
+    api.wait_caught_up("idle", produced.len() as u64, Duration::from_secs(60))
+        .await?;
+    let parts = api.partitions().await?;
+    assert_eq!(
+        parts[0]["records"], 100,
+        "after the restart only the new records are processed: {parts:?}"
+    );
+    for (key, n) in count(produced.iter().map(String::as_str)) {
+        assert_eq!(
+            api.counter("idle", "counts", &key).await?,
+            Some(n),
+            "count of {key}"
+        );
+    }
+    host.stop().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "two and a half minutes on a broker of its own: scripts/test --full runs it"]
 async fn idle_slots_keep_their_offsets_past_the_group_offset_retention() -> anyhow::Result<()> {
     let broker = tokio::task::spawn_blocking(|| {
         OwnBroker::start(

@@ -48,6 +48,25 @@ async fn a_split_whose_owner_is_killed_midway_loses_and_doubles_nothing() -> any
     Ok(())
 }
 
+/// A merge struck where it hurts most: the host that merges (owner of both sides by then)
+/// killed (-9) after both sides' final commits, with the merged partition caught up and the
+/// merge not yet recorded. The merge is given up, the sides are failed over, nothing is lost or
+/// doubled, and no transaction stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_whose_host_is_killed_midway_loses_and_doubles_nothing() -> anyhow::Result<()> {
+    let _k = baton_tests::kafka_lock().await;
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos() as u64;
+    eprintln!("kill target, merging with seed {seed}");
+    let o = nemesis::run(Nemesis::KillTargetMerging, seed, 0).await?;
+    eprintln!("{o:?}");
+    assert_eq!((o.lost, o.duplicated), (0, 0), "{o:?}");
+    assert!(o.two_writers.is_empty(), "{o:?}");
+    assert!(o.passed(), "a transaction stayed open: {o:?}");
+    Ok(())
+}
+
 /// The short version of `bench/faults --churn`: 12 moves 0.7 s apart over four partitions of
 /// three hosts under load, one host killed halfway. Nothing lost or doubled, no two writers at
 /// one epoch, and no move given up but for a host that left, restarted or did not answer.
