@@ -144,10 +144,10 @@ impl Prepared {
             .flat_map(|t| slots.clone().map(move |s| (t.clone(), s)))
             .collect();
         consumer.committed(&tps)?;
-        // And their ends once: the consumer then holds the inputs' metadata, so that the
-        // session's question for the ends (in a handoff's pause) needs no metadata request
-        // first. A failure here only costs that request later.
-        if let Err(e) = consumer.ends(&tps) {
+        // And their ends once (within 2 s, without retries): the consumer then holds the
+        // inputs' metadata, so that the session's question for the ends (in a handoff's pause)
+        // needs no metadata request first. A failure here only costs that request later.
+        if let Err(e) = consumer.ends_within(&tps, Duration::from_secs(2)) {
             tracing::debug!(partition = id, "asking the inputs' ends ahead: {e}");
         }
         Ok(Prepared {

@@ -253,7 +253,21 @@ impl Tail {
     /// fetch from here on returns its records. Fails naming the partition still short.
     pub fn wait_stable(&mut self, deadline: Instant) -> anyhow::Result<()> {
         loop {
-            let ends = self.ends.ends(&self.tps)?;
+            // Each question within what is left of the deadline, so that a broker that does
+            // not answer holds a pause no longer than that.
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ends = match self
+                .ends
+                .ends_within(&self.tps, left.max(Duration::from_millis(1)))
+            {
+                Ok(ends) => ends,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::debug!("asking the changelogs' ends: {e}");
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
             let short = self
                 .parts
                 .iter()

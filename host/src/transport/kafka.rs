@@ -1566,6 +1566,39 @@ impl InputConsumer {
             .collect())
     }
 
+    /// [`InputConsumer::ends`] asked once, within `timeout`, without retries: for a caller
+    /// with a deadline of its own.
+    pub fn ends_within(
+        &self,
+        tps: &[(String, u32)],
+        timeout: Duration,
+    ) -> Result<Vec<u64>, TransportError> {
+        let mut tpl = TopicPartitionList::new();
+        for (t, p) in tps {
+            tpl.add_partition_offset(t, *p as i32, Offset::End)
+                .map_err(|e| kerr("end offsets", e))?;
+        }
+        let got = self
+            .consumer
+            .offsets_for_times(tpl, timeout)
+            .map_err(|e| kerr("end offsets", e))?;
+        tps.iter()
+            .map(|(t, p)| {
+                let e = got
+                    .find_partition(t, *p as i32)
+                    .ok_or_else(|| kerr("end offsets", format!("no answer for {t}/{p}")))?;
+                e.error().map_err(|e| kerr("end offsets", e))?;
+                match e.offset() {
+                    Offset::Offset(o) if o >= 0 => Ok(o as u64),
+                    other => Err(kerr(
+                        "end offsets",
+                        format!("{t}/{p} answered {other:?}, not an offset"),
+                    )),
+                }
+            })
+            .collect()
+    }
+
     /// The ends of these topic partitions (for committed reads, the last stable offsets), asked
     /// in one request per broker instead of one per partition.
     pub fn ends(&self, tps: &[(String, u32)]) -> Result<Vec<u64>, TransportError> {

@@ -9,6 +9,7 @@
 
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -24,6 +25,10 @@ pub(super) struct RecordQueue {
     queue: *mut rd::rd_kafka_queue_t,
     /// The same queue for [`FetchWaker`]s, emptied (under its lock) before the queue goes.
     wakers: Arc<Mutex<Option<QueuePtr>>>,
+    /// Wakes so far, counted by the wakers before they wake.
+    wakes: Arc<AtomicU64>,
+    /// `wakes` as the last [`RecordQueue::consume`] saw it.
+    seen: AtomicU64,
 }
 
 /// A queue handle that may cross threads.
@@ -45,16 +50,24 @@ impl Drop for RecordQueue {
     }
 }
 
-/// Ends, from another thread, a [`RecordQueue::consume`] waiting for records (the next one, if
-/// none waits now): a partition's loop told to stop or commit acts at once instead of after
-/// its fetch's wait. Does nothing once the queue is gone.
+/// Ends, from another thread, a [`RecordQueue::consume`] waiting for records, or else the next
+/// one's wait: a partition's loop told to stop or commit acts at once instead of after its
+/// fetch's wait. Does nothing once the queue is gone.
+///
+/// librdkafka's yield flag alone can be lost: a read that finds the queue empty clears it
+/// whether it waits or not, and `consume` reads once without waiting before it waits. So a
+/// wake is also counted, and `consume` does not wait when the count moved since its last call.
 #[derive(Clone)]
-pub struct FetchWaker(Arc<Mutex<Option<QueuePtr>>>);
+pub struct FetchWaker {
+    queue: Arc<Mutex<Option<QueuePtr>>>,
+    wakes: Arc<AtomicU64>,
+}
 
 impl FetchWaker {
     /// Wakes the queue's reader.
     pub fn wake(&self) {
-        if let Some(q) = self.0.lock().as_ref() {
+        self.wakes.fetch_add(1, Ordering::SeqCst);
+        if let Some(q) = self.queue.lock().as_ref() {
             // SAFETY: the queue is alive while its slot holds it (see `RecordQueue`'s drop).
             unsafe { rd::rd_kafka_queue_yield(q.0) }
         }
@@ -69,12 +82,17 @@ impl RecordQueue {
         RecordQueue {
             queue,
             wakers: Arc::new(Mutex::new(Some(QueuePtr(queue)))),
+            wakes: Arc::new(AtomicU64::new(0)),
+            seen: AtomicU64::new(0),
         }
     }
 
     /// What wakes this queue's reader from another thread.
     pub(super) fn waker(&self) -> FetchWaker {
-        FetchWaker(self.wakers.clone())
+        FetchWaker {
+            queue: self.wakers.clone(),
+            wakes: self.wakes.clone(),
+        }
     }
 
     /// Sends the records of a topic partition here from now on (call before assigning it).
@@ -102,12 +120,20 @@ impl RecordQueue {
         Ok(())
     }
 
-    /// Up to `max` messages: those queued at once, else waits up to `wait` for the first.
+    /// Up to `max` messages: those queued at once, else waits up to `wait` for the first
+    /// (not at all when a [`FetchWaker`] woke it since the last call).
     /// (`rd_kafka_consume_batch_queue` with a timeout waits until the batch is full: that would
     /// hold each record of a slow input for the whole wait.)
     pub(super) fn consume(&self, max: usize, wait: Duration) -> Vec<RawMessage> {
+        let wakes = self.wakes.load(Ordering::SeqCst);
+        let woken = self.seen.load(Ordering::Relaxed) != wakes;
         let mut out = self.take(max, 0);
-        if out.is_empty() && !wait.is_zero() {
+        // A wake counted after `wakes` was read may have had its yield flag cleared by the read
+        // just done: it must not be waited through either. One counted after `now` is read
+        // sets the flag after it, which ends the wait.
+        let now = self.wakes.load(Ordering::SeqCst);
+        self.seen.store(now, Ordering::Relaxed);
+        if out.is_empty() && !wait.is_zero() && !woken && now == wakes {
             out = self.take(1, wait.as_millis().clamp(1, i32::MAX as u128) as i32);
             if !out.is_empty() && max > 1 {
                 out.extend(self.take(max - 1, 0));
