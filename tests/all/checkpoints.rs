@@ -316,7 +316,18 @@ async fn checkpoints_share_files_are_collected_and_restore_a_new_host_exactly_wi
     );
 
     // A move's target with no state of the partition warms from the newest checkpoint in the
-    // shared store, then the changelogs' tail after it.
+    // shared store, then the changelogs' tail after it. The owner checks that the target is a
+    // live member: it must have seen d join first.
+    wait_for("c sees d alive", Duration::from_secs(30), || async {
+        let hosts = c.api.get("/api/v1/hosts").await?.body;
+        let alive = hosts
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|h| h["id"] == "d" && h["alive"] == true);
+        Ok(alive.then_some(()))
+    })
+    .await?;
     send(&producer, &input, &mut sent, words(300, 400, 6), &c.api).await?;
     let asked = d
         .api
