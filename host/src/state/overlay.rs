@@ -26,7 +26,9 @@
 //! it), so that the batch's reads of it after a batched lookup still find it; a written key
 //! the cache holds gets its new value at settle, one it does not hold stays out.
 
-use std::collections::HashMap;
+use hashbrown::HashMap;
+use hashbrown::hash_map::RawEntryMut;
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -103,10 +105,10 @@ impl Doorkeeper {
         }
     }
 
-    /// True if `key` was marked in this window; marks it if not.
-    fn seen_or_mark(&mut self, store: usize, key: &[u8]) -> bool {
-        use std::hash::BuildHasher;
-        let h = self.hasher.hash_one((store, key)) as usize % DOOR_BITS;
+    /// True if the key of hash `hash` (of the overlay's maps) in `store` was marked in this
+    /// window; marks it if not.
+    fn seen_or_mark(&mut self, store: usize, hash: u64) -> bool {
+        let h = self.hasher.hash_one((store, hash)) as usize % DOOR_BITS;
         let (word, bit) = (h / 64, 1u64 << (h % 64));
         if self.bits[word] & bit != 0 {
             return true;
@@ -177,11 +179,11 @@ impl Writes {
         self.maps.iter().all(PendingMap::is_empty)
     }
 
-    fn get(&self, store: usize, key: &[u8]) -> Option<Option<&[u8]>> {
+    fn get(&self, store: usize, key: &[u8], hash: u64) -> Option<Option<&[u8]>> {
         self.maps
             .get(store)
-            .and_then(|m| m.get(key))
-            .map(|(v, _)| v.as_deref())
+            .and_then(|m| m.raw_entry().from_key_hashed_nocheck(hash, key))
+            .map(|(_, (v, _))| v.as_deref())
     }
 
     /// Every write, in any order.
@@ -204,12 +206,32 @@ impl Writes {
     }
 }
 
-/// foldhash: fast, and seeded per process so that keys from input records cannot be chosen to
-/// collide.
-type Map = HashMap<Vec<u8>, Option<Vec<u8>>, foldhash::fast::RandomState>;
+/// The hasher of every map of the overlay: foldhash, fast, and seeded at random once per
+/// process so that keys from input records cannot be chosen to collide. One seed for all the
+/// maps, so that a key is hashed once and looked up with that hash in each of them (hashing
+/// the key again for every map was a tenth of a partition thread at 10M keys).
+#[derive(Clone)]
+pub struct KeyHasher(foldhash::fast::RandomState);
+
+impl Default for KeyHasher {
+    fn default() -> Self {
+        static STATE: std::sync::LazyLock<foldhash::fast::RandomState> =
+            std::sync::LazyLock::new(Default::default);
+        KeyHasher(STATE.clone())
+    }
+}
+
+impl BuildHasher for KeyHasher {
+    type Hasher = foldhash::fast::FoldHasher<'static>;
+    fn build_hasher(&self) -> Self::Hasher {
+        self.0.build_hasher()
+    }
+}
+
+type Map = HashMap<Vec<u8>, Option<Vec<u8>>, KeyHasher>;
 
 /// A pending value and the guest call that first wrote the key.
-type PendingMap = HashMap<Vec<u8>, (Option<Vec<u8>>, u64), foldhash::fast::RandomState>;
+type PendingMap = HashMap<Vec<u8>, (Option<Vec<u8>>, u64), KeyHasher>;
 
 /// Pending writes with a savepoint per guest call, then the hot-key cache. One map per store,
 /// so that a lookup borrows the key instead of building one.
@@ -245,12 +267,33 @@ pub struct Overlay {
     /// Made (and charged) at the first read from RocksDB; `None` before, or when the budget
     /// had no room for it (every key read is admitted then).
     door: Option<Doorkeeper>,
+    /// The maps of the last settled writes, emptied, for the next batch's pending writes: a
+    /// batch of thousands of keys grew a new map from nothing, rehashing it again and again
+    /// into freshly faulted pages (a twentieth of a partition thread at 10M keys).
+    spare: Vec<PendingMap>,
+    hasher: KeyHasher,
 }
+
+/// Entries up to which a settled batch's emptied map is kept for the next batch.
+const SPARE_MAX: usize = 1 << 16;
 
 impl Drop for Overlay {
     fn drop(&mut self) {
         if let Some(b) = &self.budget {
             b.release(self.clean_bytes + self.old_bytes + self.door_bytes());
+        }
+    }
+}
+
+/// Sets `key` (of hash `hash`) to `value` in `m`.
+fn upsert<V>(m: &mut HashMap<Vec<u8>, V, KeyHasher>, hash: u64, key: Vec<u8>, value: V) {
+    match m
+        .raw_entry_mut()
+        .from_key_hashed_nocheck(hash, key.as_slice())
+    {
+        RawEntryMut::Occupied(mut e) => *e.get_mut() = value,
+        RawEntryMut::Vacant(e) => {
+            e.insert_hashed_nocheck(hash, key, value);
         }
     }
 }
@@ -273,17 +316,34 @@ impl Overlay {
     /// The value as the overlay knows it: `None` if it does not know the key (read RocksDB),
     /// `Some(None)` if the key is deleted or absent, `Some(Some(v))` if its value is `v`.
     pub fn get(&self, store: usize, key: &[u8]) -> Option<Option<&[u8]>> {
-        if let Some((v, _)) = self.pending.get(store).and_then(|m| m.get(key)) {
+        let hash = self.hasher.hash_one(key);
+        if let Some((_, (v, _))) = self
+            .pending
+            .get(store)
+            .and_then(|m| m.raw_entry().from_key_hashed_nocheck(hash, key))
+        {
             return Some(v.as_deref());
         }
-        if let Some(v) = self.committing.as_ref().and_then(|w| w.get(store, key)) {
+        if let Some(v) = self
+            .committing
+            .as_ref()
+            .and_then(|w| w.get(store, key, hash))
+        {
             return Some(v);
         }
-        self.fetched
-            .get(store)
-            .and_then(|m| m.get(key))
-            .or_else(|| self.clean.get(store).and_then(|m| m.get(key)))
-            .or_else(|| self.old.get(store).and_then(|m| m.get(key)))
+        fn find<'m>(
+            maps: &'m [Map],
+            store: usize,
+            key: &[u8],
+            hash: u64,
+        ) -> Option<&'m Option<Vec<u8>>> {
+            maps.get(store)
+                .and_then(|m| m.raw_entry().from_key_hashed_nocheck(hash, key))
+                .map(|(_, v)| v)
+        }
+        find(&self.fetched, store, key, hash)
+            .or_else(|| find(&self.clean, store, key, hash))
+            .or_else(|| find(&self.old, store, key, hash))
             .map(|v| v.as_deref())
     }
 
@@ -304,28 +364,40 @@ impl Overlay {
         if self.door.is_none() && budget.try_charge(DOOR_BITS / 8) {
             self.door = Some(Doorkeeper::new());
         }
+        let hash = self.hasher.hash_one(key.as_slice());
         let seen = match &mut self.door {
-            Some(door) => door.seen_or_mark(store, &key),
+            Some(door) => door.seen_or_mark(store, hash),
             None => true,
         };
         if seen {
-            self.admit(store, key, value);
+            self.admit_hashed(store, key, value, hash);
             return;
         }
         let m = slot_of(&mut self.fetched, store);
         if m.len() >= FETCHED_MAX {
             m.clear();
         }
-        m.insert(key, value);
+        upsert(m, hash, key, value);
     }
 
     /// Puts a committed value into the cache.
+    #[cfg(test)]
     pub(crate) fn admit(&mut self, store: usize, key: Vec<u8>, value: Option<Vec<u8>>) {
+        let hash = self.hasher.hash_one(key.as_slice());
+        self.admit_hashed(store, key, value, hash);
+    }
+
+    /// [`Overlay::admit`] of a key whose hash is `hash`.
+    fn admit_hashed(&mut self, store: usize, key: Vec<u8>, value: Option<Vec<u8>>, hash: u64) {
         let Some(budget) = self.budget.clone() else {
             return;
         };
         let n = entry_bytes(&key, &value);
-        if let Some(old) = slot_of(&mut self.clean, store).remove(key.as_slice()) {
+        if let RawEntryMut::Occupied(e) = slot_of(&mut self.clean, store)
+            .raw_entry_mut()
+            .from_key_hashed_nocheck(hash, key.as_slice())
+        {
+            let old = e.remove();
             // The old entry's charge goes back before the new one is charged.
             let back = entry_bytes(&key, &old).min(self.clean_bytes);
             budget.release(back);
@@ -346,7 +418,7 @@ impl Overlay {
                 }
             }
         }
-        slot_of(&mut self.clean, store).insert(key, value);
+        upsert(slot_of(&mut self.clean, store), hash, key, value);
         self.clean_bytes += n;
     }
 
@@ -396,16 +468,30 @@ impl Overlay {
 
     /// A committed write: the cache's entry of the key, if it has one, takes the new value.
     fn refresh(&mut self, store: usize, key: Vec<u8>, value: Option<Vec<u8>>) {
-        if self.clean.get(store).is_some_and(|m| m.contains_key(&key)) {
-            self.admit(store, key, value);
-        } else if let Some(old) = self.old.get_mut(store).and_then(|m| m.remove(&key)) {
+        let hash = self.hasher.hash_one(key.as_slice());
+        let in_young = self.clean.get(store).is_some_and(|m| {
+            m.raw_entry()
+                .from_key_hashed_nocheck(hash, key.as_slice())
+                .is_some()
+        });
+        if in_young {
+            self.admit_hashed(store, key, value, hash);
+        } else if let Some(old) = self.old.get_mut(store).and_then(|m| {
+            match m
+                .raw_entry_mut()
+                .from_key_hashed_nocheck(hash, key.as_slice())
+            {
+                RawEntryMut::Occupied(e) => Some(e.remove()),
+                RawEntryMut::Vacant(_) => None,
+            }
+        }) {
             // Written again since the last turn: it moves to the young generation.
             let back = entry_bytes(&key, &old).min(self.old_bytes);
             if let Some(b) = &self.budget {
                 b.release(back);
             }
             self.old_bytes -= back;
-            self.admit(store, key, value);
+            self.admit_hashed(store, key, value, hash);
         }
     }
 
@@ -422,11 +508,17 @@ impl Overlay {
         // cache must not hold older values of them.
         match Arc::try_unwrap(committing) {
             Ok(w) => {
-                for (store, m) in w.maps.into_iter().enumerate() {
-                    for (key, (value, _)) in m {
+                let mut spare = Vec::with_capacity(w.maps.len());
+                for (store, mut m) in w.maps.into_iter().enumerate() {
+                    for (key, (value, _)) in m.drain() {
                         self.refresh(store, key, value);
                     }
+                    if m.capacity() > SPARE_MAX {
+                        m = PendingMap::default();
+                    }
+                    spare.push(m);
                 }
+                self.spare = spare;
             }
             Err(w) => {
                 for (store, m) in w.maps.iter().enumerate() {
@@ -462,14 +554,18 @@ impl Overlay {
     pub fn put(&mut self, store: usize, key: Vec<u8>, value: Option<Vec<u8>>) {
         self.written += key.len() + value.as_ref().map_or(0, Vec::len);
         let call = self.call;
+        let hash = self.hasher.hash_one(key.as_slice());
         let m = slot_of(&mut self.pending, store);
-        match m.get_mut(key.as_slice()) {
-            Some((v, _)) => {
-                let before = std::mem::replace(v, value);
+        match m
+            .raw_entry_mut()
+            .from_key_hashed_nocheck(hash, key.as_slice())
+        {
+            RawEntryMut::Occupied(mut e) => {
+                let before = std::mem::replace(&mut e.get_mut().0, value);
                 self.undo.push((store, key, before));
             }
-            None => {
-                m.insert(key, (value, call));
+            RawEntryMut::Vacant(e) => {
+                e.insert_hashed_nocheck(hash, key, (value, call));
                 self.added += 1;
             }
         }
@@ -538,7 +634,7 @@ impl Overlay {
         for m in &mut self.fetched {
             m.clear();
         }
-        let maps = std::mem::take(&mut self.pending);
+        let maps = std::mem::replace(&mut self.pending, std::mem::take(&mut self.spare));
         let w = Arc::new(Writes { maps });
         self.committing = Some(w.clone());
         w
