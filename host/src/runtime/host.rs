@@ -431,7 +431,7 @@ impl HostCtx {
             k.clear();
             k.extend_from_slice(&slot);
             k.extend_from_slice(key);
-            if self.overlay.get(store, &k).is_none() {
+            if self.overlay.get_before_read(store, &k).is_none() {
                 wanted.push(k.clone());
             }
         }
