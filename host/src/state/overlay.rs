@@ -855,28 +855,25 @@ mod tests {
             o.admit(0, format!("hot-{i}").into_bytes(), Some(vec![1]));
         }
         let cached = o.cached_bytes();
+        // Lookups ahead of reads, one in `every` of a cached key.
+        let lookups = |o: &Overlay, every: u64| {
+            for i in 0..HOT_CHECK_EVERY {
+                let key = if i % every == 0 {
+                    format!("hot-{}", i % 1000)
+                } else {
+                    format!("cold-{i}")
+                };
+                o.get_before_read(0, key.as_bytes());
+            }
+        };
         // A hit rate of 5%: the cache stays.
-        for i in 0..HOT_CHECK_EVERY {
-            let key = if i % 20 == 0 {
-                format!("hot-{}", i % 1000)
-            } else {
-                format!("cold-{i}")
-            };
-            o.get_before_read(0, key.as_bytes());
-        }
+        lookups(&o, 20);
         o.take();
         o.settle();
         assert_eq!(o.cached_bytes(), cached, "kept at a 5% hit rate");
         assert_eq!(o.get(0, b"hot-7"), Some(Some(&[1u8][..])));
         // A hit rate of 1%: emptied at the next take, its bytes back in the budget.
-        for i in 0..HOT_CHECK_EVERY {
-            let key = if i % 100 == 0 {
-                format!("hot-{}", i % 1000)
-            } else {
-                format!("cold-{i}")
-            };
-            o.get_before_read(0, key.as_bytes());
-        }
+        lookups(&o, 100);
         assert_eq!(o.cached_bytes(), cached, "only a take checks");
         o.take();
         o.settle();
