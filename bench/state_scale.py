@@ -54,7 +54,7 @@ from benchlib import (BOOT, Committed, cpu_secs, http, say, start_baton,  # noqa
 SLOTS_PER_PARTITION = 4
 VALUE = b"v" * 100
 STATE_MEMORY = os.environ.get("BATON_SCALE_STATE_MEMORY", "512MiB")
-KSTREAMS_CP = os.environ["BATON_KSTREAMS_CP"]
+KSTREAMS_CP = os.environ.get("BATON_KSTREAMS_CP", "")
 PLUGIN = os.environ["BATON_WORD_COUNT"]
 RUN_ID = f"{os.getpid()}-{int(time.time())}"
 KS_MAX_KEYS = None  # set in main()

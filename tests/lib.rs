@@ -992,6 +992,16 @@ pub async fn wait_held(dir: &Path, step: &str, key: &str, timeout: Duration) -> 
     .await
 }
 
+/// Waits (up to 30 s) until `api` lists a host for which `matches` holds; `what` names it.
+pub async fn wait_host(api: &Api, what: &str, matches: impl Fn(&Value) -> bool) -> Result<()> {
+    wait_for(what, Duration::from_secs(30), || async {
+        let hosts = api.get("/api/v1/hosts").await?.body;
+        let found = hosts.as_array().into_iter().flatten().any(&matches);
+        Ok(found.then_some(()))
+    })
+    .await
+}
+
 /// Waits (up to 60 s) until `api` shows `n` live hosts.
 pub async fn wait_alive(api: &Api, n: usize) -> Result<()> {
     wait_for(

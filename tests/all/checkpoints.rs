@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use baton_tests::{
-    ChildHost, TestProducer, cluster_name, kafka_bootstrap, kafka_shared, wait_for, words,
+    ChildHost, TestProducer, cluster_name, kafka_bootstrap, kafka_shared, wait_for, wait_host,
+    words,
 };
 use serde_json::{Value, json};
 
@@ -293,14 +294,8 @@ async fn checkpoints_share_files_are_collected_and_restore_a_new_host_exactly_wi
     // Asked of another host, a checkpoint and a rewind run on the owner, and its errors come
     // back as it gave them.
     let d = start("d").await?;
-    wait_for("d knows c's address", Duration::from_secs(30), || async {
-        let hosts = d.api.get("/api/v1/hosts").await?.body;
-        let known = hosts
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|h| h["id"] == "c" && h["address"].as_str().is_some_and(|a| !a.is_empty()));
-        Ok(known.then_some(()))
+    wait_host(&d.api, "d knows c's address", |h| {
+        h["id"] == "c" && h["address"].as_str().is_some_and(|a| !a.is_empty())
     })
     .await?;
     let remote = checkpoint(&d.api).await?;
@@ -318,14 +313,8 @@ async fn checkpoints_share_files_are_collected_and_restore_a_new_host_exactly_wi
     // A move's target with no state of the partition warms from the newest checkpoint in the
     // shared store, then the changelogs' tail after it. The owner checks that the target is a
     // live member: it must have seen d join first.
-    wait_for("c sees d alive", Duration::from_secs(30), || async {
-        let hosts = c.api.get("/api/v1/hosts").await?.body;
-        let alive = hosts
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|h| h["id"] == "d" && h["alive"] == true);
-        Ok(alive.then_some(()))
+    wait_host(&c.api, "c sees d alive", |h| {
+        h["id"] == "d" && h["alive"] == true
     })
     .await?;
     send(&producer, &input, &mut sent, words(300, 400, 6), &c.api).await?;

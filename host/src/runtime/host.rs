@@ -374,6 +374,17 @@ impl WasiView for HostCtx {
     }
 }
 
+/// A key of a batch of increments, as [`HostCtx::read_ahead`] left it.
+pub(super) struct Ahead {
+    /// The key in the current slot.
+    pub(super) key: Vec<u8>,
+    /// Its [`Overlay::hash`].
+    pub(super) hash: u64,
+    /// Its value in RocksDB, read just now (`Some(None)`: absent there); `None` when the
+    /// overlay knew the key then, or an earlier use of the key in the batch took the value.
+    pub(super) read: Option<Option<Vec<u8>>>,
+}
+
 /// The operations of the contracts, whichever version the guest speaks. Keys are the guest's
 /// (without the slot prefix); everything is scoped to the slot of the current call.
 impl HostCtx {
@@ -453,6 +464,59 @@ impl HostCtx {
         Ok(())
     }
 
+    /// Looks `keys` (the guest's, in the current slot) up in the overlay, and reads those it
+    /// does not know from RocksDB in one batched lookup, for a batch of increments: one
+    /// [`Ahead`] per key, in the order given. The values read go to the caller, which writes
+    /// every key at once, rather than into the overlay's map of the batch's reads: at millions
+    /// of keys, that map's inserts and a second lookup of each key in every map of the overlay
+    /// (their tables out of the CPU's caches) were a fifth of a partition thread.
+    pub(super) fn read_ahead<'k>(
+        &mut self,
+        store: usize,
+        keys: impl Iterator<Item = &'k [u8]>,
+    ) -> wasmtime::Result<Vec<Ahead>> {
+        let slot = self.cursor.slot;
+        let mut out: Vec<Ahead> = Vec::with_capacity(keys.size_hint().0);
+        let mut wanted: Vec<usize> = Vec::new();
+        for key in keys {
+            let k = slot_key(slot, key);
+            let hash = self.overlay.hash(&k);
+            if self
+                .overlay
+                .get_before_read_hashed(store, &k, hash)
+                .is_none()
+            {
+                wanted.push(out.len());
+            }
+            out.push(Ahead {
+                key: k,
+                hash,
+                read: None,
+            });
+        }
+        if wanted.is_empty() {
+            return Ok(out);
+        }
+        // In key order, a key's first use in the batch first.
+        wanted.sort_unstable_by(|&a, &b| out[a].key.cmp(&out[b].key).then(a.cmp(&b)));
+        let mut firsts = wanted;
+        firsts.dedup_by(|b, a| out[*a].key == out[*b].key);
+        let refs: Vec<&[u8]> = firsts.iter().map(|&i| out[i].key.as_slice()).collect();
+        let mut found = Vec::with_capacity(refs.len());
+        let r = self
+            .db
+            .get_sorted_with(store, &refs, |v| found.push(v.map(<[u8]>::to_vec)));
+        drop(refs);
+        self.host_result(r)?;
+        // Only a key's first use takes the value: a later one finds the first one's write.
+        for (&i, v) in firsts.iter().zip(found) {
+            let a = &mut out[i];
+            self.overlay.note_read(store, &a.key, a.hash, v.as_deref());
+            a.read = Some(v);
+        }
+        Ok(out)
+    }
+
     /// Sets `key` to `value`, checking the limits; an expiry it had is gone.
     pub fn set_value(
         &mut self,
@@ -500,13 +564,44 @@ impl HostCtx {
         key: &[u8],
         delta: i64,
     ) -> wasmtime::Result<Result<i64, Error>> {
+        let k = slot_key(self.cursor.slot, key);
+        let hash = self.overlay.hash(&k);
+        self.add_counter_ahead(
+            store,
+            key,
+            delta,
+            Ahead {
+                key: k,
+                hash,
+                read: None,
+            },
+        )
+    }
+
+    /// [`HostCtx::add_counter`] of a key that [`HostCtx::read_ahead`] looked up (`ahead.key`
+    /// is `key` in the current slot).
+    pub(super) fn add_counter_ahead(
+        &mut self,
+        store: usize,
+        key: &[u8],
+        delta: i64,
+        ahead: Ahead,
+    ) -> wasmtime::Result<Result<i64, Error>> {
         if let Err(e) = self.check_write(store, key, &[0; 8]) {
             return Ok(Err(e));
         }
-        let k = slot_key(self.cursor.slot, key);
-        let current = match self.overlay.get(store, &k) {
-            Some(v) => decode_counter(v),
-            None => {
+        debug_assert_eq!(ahead.key.get(4..), Some(key), "a read-ahead of another key");
+        let Ahead { key: k, hash, read } = ahead;
+        // A key read from RocksDB just now missed the overlay then: only a write of this batch
+        // since can stand in front of what was read.
+        let known = match &read {
+            Some(_) => self.overlay.pending_hashed(store, &k, hash),
+            None => self.overlay.get_hashed(store, &k, hash),
+        };
+        let current = match (known, read) {
+            (Some(v), _) => decode_counter(v),
+            (None, Some(v)) => decode_counter(v.as_deref()),
+            (None, None) => {
                 let r = self.db.get_with(store, &k, decode_counter);
                 self.host_result(r)?
             }
@@ -527,7 +622,7 @@ impl HostCtx {
             ))));
         };
         self.overlay
-            .put(store, k, Some(next.to_be_bytes().to_vec()));
+            .put_hashed(store, k, hash, Some(next.to_be_bytes().to_vec()));
         Ok(Ok(next))
     }
 

@@ -92,9 +92,9 @@ impl HostCtx {
         keys: impl Iterator<Item = &'k [u8]> + Clone,
         delta: i64,
     ) -> Result<(), String> {
-        self.prefetch(s.0, keys.clone()).map_err(host_err)?;
-        for k in keys {
-            self.add_counter(s.0, k, delta)
+        let ahead = self.read_ahead(s.0, keys.clone()).map_err(host_err)?;
+        for (k, a) in keys.zip(ahead) {
+            self.add_counter_ahead(s.0, k, delta, a)
                 .map_err(host_err)?
                 .map_err(|e| e.to_string())?;
         }
@@ -225,5 +225,40 @@ mod tests {
                 assert_eq!(i64::from_be_bytes(got.try_into().unwrap()), 1000 + i as i64);
             }
         }
+    }
+
+    /// An increment read ahead from RocksDB counts from a write made between its read and its
+    /// use (a set of the same key earlier in the same batch), and a repeated key of the batch
+    /// from the increment before it; a cached key counts from the cache.
+    #[test]
+    fn an_increment_read_ahead_counts_from_writes_made_after_its_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let env = StateEnv::new(32 << 20);
+        let db = env
+            .open_shared(&dir.path().join("db"), &["counts".to_string()])
+            .unwrap();
+        let mut c = ctx(&db);
+        let counts = c.native_open("counts").unwrap();
+        c.begin_call(Cursor::default());
+        for (k, n) in [(&b"a"[..], 5), (b"b", 7)] {
+            c.native_increment(&counts, k, n).unwrap();
+        }
+        c.keep_call();
+        commit(&mut c, &db);
+        let mut c = ctx(&db);
+        let counts = c.native_open("counts").unwrap();
+        c.begin_call(Cursor::default());
+        let keys: [&[u8]; 4] = [b"a", b"b", b"b", b"c"];
+        let ahead = c.read_ahead(counts.0, keys.into_iter()).unwrap();
+        // Only each key's first use carries a value read.
+        let read: Vec<bool> = ahead.iter().map(|a| a.read.is_some()).collect();
+        assert_eq!(read, [true, true, false, true]);
+        // `a` is set to 100 after its read, before its increment.
+        c.native_set(&counts, b"a", &100i64.to_be_bytes()).unwrap();
+        let mut got = Vec::new();
+        for (k, a) in keys.into_iter().zip(ahead) {
+            got.push(c.add_counter_ahead(counts.0, k, 1, a).unwrap().unwrap());
+        }
+        assert_eq!(got, [101, 8, 9, 1]);
     }
 }

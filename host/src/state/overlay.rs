@@ -183,16 +183,16 @@ impl Writes {
         self.maps
             .get(store)
             .and_then(|m| m.raw_entry().from_key_hashed_nocheck(hash, key))
-            .map(|(_, (v, _))| v.as_deref())
+            .map(|(_, p)| p.value.as_deref())
     }
 
     /// Every write, in any order.
     pub fn iter(&self) -> impl Iterator<Item = WriteRef<'_>> {
         self.maps.iter().enumerate().flat_map(|(store, m)| {
-            m.iter().map(move |(key, (value, _))| WriteRef {
+            m.iter().map(move |(key, p)| WriteRef {
                 store,
                 key,
-                value: value.as_deref(),
+                value: p.value.as_deref(),
             })
         })
     }
@@ -230,8 +230,17 @@ impl BuildHasher for KeyHasher {
 
 type Map = HashMap<Vec<u8>, Option<Vec<u8>>, KeyHasher>;
 
-/// A pending value and the guest call that first wrote the key.
-type PendingMap = HashMap<Vec<u8>, (Option<Vec<u8>>, u64), KeyHasher>;
+/// A pending write of a key.
+struct Pending {
+    value: Option<Vec<u8>>,
+    /// The guest call that first wrote the key.
+    call: u64,
+    /// The key's hash: at settle, the committed keys are long out of the CPU's caches, and
+    /// hashing one again waited on its bytes (a fiftieth of a partition thread at 10M keys).
+    hash: u64,
+}
+
+type PendingMap = HashMap<Vec<u8>, Pending, KeyHasher>;
 
 /// Pending writes with a savepoint per guest call, then the hot-key cache. One map per store,
 /// so that a lookup borrows the key instead of building one.
@@ -331,24 +340,48 @@ impl Overlay {
     /// The value as the overlay knows it: `None` if it does not know the key (read RocksDB),
     /// `Some(None)` if the key is deleted or absent, `Some(Some(v))` if its value is `v`.
     pub fn get(&self, store: usize, key: &[u8]) -> Option<Option<&[u8]>> {
-        self.lookup(store, key, false)
+        self.lookup(store, key, self.hash(key), false)
+    }
+
+    /// [`Overlay::get`] of a key whose [`Overlay::hash`] is `hash`.
+    pub fn get_hashed(&self, store: usize, key: &[u8], hash: u64) -> Option<Option<&[u8]>> {
+        self.lookup(store, key, hash, false)
+    }
+
+    /// The pending value of a key whose [`Overlay::hash`] is `hash`, if the current batch
+    /// wrote it.
+    pub fn pending_hashed(&self, store: usize, key: &[u8], hash: u64) -> Option<Option<&[u8]>> {
+        self.pending
+            .get(store)
+            .and_then(|m| m.raw_entry().from_key_hashed_nocheck(hash, key))
+            .map(|(_, p)| p.value.as_deref())
+    }
+
+    /// The hash the overlay's maps know `key` by.
+    pub fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
     }
 
     /// [`Overlay::get`] ahead of a read from RocksDB of the keys it does not know: counted for
     /// the hot-key cache's hit rate. (The reads after such a read find the keys it brought in,
     /// so only these lookups say whether the cache saves RocksDB any.)
     pub fn get_before_read(&self, store: usize, key: &[u8]) -> Option<Option<&[u8]>> {
-        self.lookup(store, key, true)
+        self.lookup(store, key, self.hash(key), true)
     }
 
-    fn lookup(&self, store: usize, key: &[u8], count: bool) -> Option<Option<&[u8]>> {
-        let hash = self.hasher.hash_one(key);
-        if let Some((_, (v, _))) = self
-            .pending
-            .get(store)
-            .and_then(|m| m.raw_entry().from_key_hashed_nocheck(hash, key))
-        {
-            return Some(v.as_deref());
+    /// [`Overlay::get_before_read`] of a key whose [`Overlay::hash`] is `hash`.
+    pub fn get_before_read_hashed(
+        &self,
+        store: usize,
+        key: &[u8],
+        hash: u64,
+    ) -> Option<Option<&[u8]>> {
+        self.lookup(store, key, hash, true)
+    }
+
+    fn lookup(&self, store: usize, key: &[u8], hash: u64, count: bool) -> Option<Option<&[u8]>> {
+        if let Some(v) = self.pending_hashed(store, key, hash) {
+            return Some(v);
         }
         if let Some(v) = self
             .committing
@@ -393,26 +426,42 @@ impl Overlay {
     /// Keeps a value read from RocksDB (`None`: the key is absent there): in the cache if the
     /// doorkeeper saw the key read before, for the current batch only if not.
     pub fn remember(&mut self, store: usize, key: Vec<u8>, value: Option<Vec<u8>>) {
-        let Some(budget) = &self.budget else {
-            return;
-        };
-        if self.door.is_none() && budget.try_charge(DOOR_BITS / 8) {
-            self.door = Some(Doorkeeper::new());
-        }
-        let hash = self.hasher.hash_one(key.as_slice());
-        let seen = match &mut self.door {
-            Some(door) => door.seen_or_mark(store, hash),
-            None => true,
-        };
-        if seen {
-            self.admit_hashed(store, key, value, hash);
-            return;
+        let hash = self.hash(&key);
+        match self.door_admits(store, hash) {
+            None => return,
+            Some(true) => {
+                self.admit_hashed(store, key, value, hash);
+                return;
+            }
+            Some(false) => {}
         }
         let m = slot_of(&mut self.fetched, store);
         if m.len() >= FETCHED_MAX {
             m.clear();
         }
         upsert(m, hash, key, value);
+    }
+
+    /// A value read from RocksDB (`None`: absent there) for a caller that writes the key at
+    /// once (an increment): the doorkeeper and the cache take it as [`Overlay::remember`]
+    /// does, but the current batch does not keep it, since the write that follows shadows it.
+    pub fn note_read(&mut self, store: usize, key: &[u8], hash: u64, value: Option<&[u8]>) {
+        if self.door_admits(store, hash) == Some(true) {
+            self.admit_hashed(store, key.to_vec(), value.map(<[u8]>::to_vec), hash);
+        }
+    }
+
+    /// Whether the cache takes a key of hash `hash` just read from RocksDB: the doorkeeper saw
+    /// it read before (and marks it if not). `None` without a budget: nothing is kept.
+    fn door_admits(&mut self, store: usize, hash: u64) -> Option<bool> {
+        let budget = self.budget.as_ref()?;
+        if self.door.is_none() && budget.try_charge(DOOR_BITS / 8) {
+            self.door = Some(Doorkeeper::new());
+        }
+        Some(match &mut self.door {
+            Some(door) => door.seen_or_mark(store, hash),
+            None => true,
+        })
     }
 
     /// Puts a committed value into the cache.
@@ -502,8 +551,7 @@ impl Overlay {
     }
 
     /// A committed write: the cache's entry of the key, if it has one, takes the new value.
-    fn refresh(&mut self, store: usize, key: Vec<u8>, value: Option<Vec<u8>>) {
-        let hash = self.hasher.hash_one(key.as_slice());
+    fn refresh(&mut self, store: usize, key: Vec<u8>, value: Option<Vec<u8>>, hash: u64) {
         let in_young = self.clean.get(store).is_some_and(|m| {
             m.raw_entry()
                 .from_key_hashed_nocheck(hash, key.as_slice())
@@ -545,8 +593,13 @@ impl Overlay {
             Ok(w) => {
                 let mut spare = Vec::with_capacity(w.maps.len());
                 for (store, mut m) in w.maps.into_iter().enumerate() {
-                    for (key, (value, _)) in m.drain() {
-                        self.refresh(store, key, value);
+                    if self.clean_bytes + self.old_bytes == 0 {
+                        // An empty cache has no entry to refresh.
+                        m.clear();
+                    } else {
+                        for (key, p) in m.drain() {
+                            self.refresh(store, key, p.value, p.hash);
+                        }
                     }
                     if m.capacity() > SPARE_MAX {
                         m = PendingMap::default();
@@ -587,20 +640,25 @@ impl Overlay {
 
     /// Records a write of the current call.
     pub fn put(&mut self, store: usize, key: Vec<u8>, value: Option<Vec<u8>>) {
+        let hash = self.hash(&key);
+        self.put_hashed(store, key, hash, value);
+    }
+
+    /// [`Overlay::put`] of a key whose [`Overlay::hash`] is `hash`.
+    pub fn put_hashed(&mut self, store: usize, key: Vec<u8>, hash: u64, value: Option<Vec<u8>>) {
         self.written += key.len() + value.as_ref().map_or(0, Vec::len);
         let call = self.call;
-        let hash = self.hasher.hash_one(key.as_slice());
         let m = slot_of(&mut self.pending, store);
         match m
             .raw_entry_mut()
             .from_key_hashed_nocheck(hash, key.as_slice())
         {
             RawEntryMut::Occupied(mut e) => {
-                let before = std::mem::replace(&mut e.get_mut().0, value);
+                let before = std::mem::replace(&mut e.get_mut().value, value);
                 self.undo.push((store, key, before));
             }
             RawEntryMut::Vacant(e) => {
-                e.insert_hashed_nocheck(hash, key, (value, call));
+                e.insert_hashed_nocheck(hash, key, Pending { value, call, hash });
                 self.added += 1;
             }
         }
@@ -616,14 +674,14 @@ impl Overlay {
     /// Drops the current call's writes.
     pub fn drop_call(&mut self) {
         for (store, key, before) in self.undo.drain(..).rev() {
-            if let Some((v, _)) = self.pending[store].get_mut(key.as_slice()) {
-                *v = before;
+            if let Some(p) = self.pending[store].get_mut(key.as_slice()) {
+                p.value = before;
             }
         }
         if self.added > 0 {
             let call = self.call;
             for m in &mut self.pending {
-                m.retain(|_, (_, born)| *born != call);
+                m.retain(|_, p| p.call != call);
             }
         }
         self.added = 0;
@@ -640,11 +698,11 @@ impl Overlay {
             .flat_map(|w| w.maps.get(store))
             .flatten()
             .filter(|(k, _)| within(k))
-            .map(|(k, (v, _))| (k.as_slice(), v.as_deref()))
+            .map(|(k, p)| (k.as_slice(), p.value.as_deref()))
             .collect();
-        for (k, (v, _)) in self.pending.get(store).into_iter().flatten() {
+        for (k, p) in self.pending.get(store).into_iter().flatten() {
             if within(k) {
-                found.insert(k, v.as_deref());
+                found.insert(k, p.value.as_deref());
             }
         }
         found

@@ -135,7 +135,8 @@ impl state::HostStore for HostCtx {
             state::Write::Add(op) => span_of(&data, op.key.start, op.key.len, "key").ok(),
             _ => None,
         });
-        self.prefetch(store, added)?;
+        // One per increment with a valid key, in order: the loop stops at the first invalid one.
+        let mut ahead = self.read_ahead(store, added)?.into_iter();
         for (i, w) in writes.iter().enumerate() {
             let r = match w {
                 state::Write::Set(op) => {
@@ -157,7 +158,10 @@ impl state::HostStore for HostCtx {
                     Err(e) => Err(e),
                 },
                 state::Write::Add(op) => match span_of(&data, op.key.start, op.key.len, "key") {
-                    Ok(k) => self.add_counter(store, k, op.delta)?.map(drop),
+                    Ok(k) => match ahead.next() {
+                        Some(a) => self.add_counter_ahead(store, k, op.delta, a)?.map(drop),
+                        None => self.add_counter(store, k, op.delta)?.map(drop),
+                    },
                     Err(e) => Err(e),
                 },
             };
