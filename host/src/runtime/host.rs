@@ -451,17 +451,27 @@ impl HostCtx {
         }
         wanted.sort_unstable();
         wanted.dedup();
-        let refs: Vec<&[u8]> = wanted.iter().map(Vec::as_slice).collect();
-        let mut found = Vec::with_capacity(refs.len());
-        let r = self
-            .db
-            .get_sorted_with(store, &refs, |v| found.push(v.map(<[u8]>::to_vec)));
-        drop(refs);
-        self.host_result(r)?;
+        let found = self.read_sorted(store, wanted.iter().map(Vec::as_slice))?;
         for (k, v) in wanted.into_iter().zip(found) {
             self.overlay.remember(store, k, v);
         }
         Ok(())
+    }
+
+    /// The committed values of `keys` (slot-prefixed, in key order, each once), in one batched
+    /// RocksDB lookup.
+    fn read_sorted<'k>(
+        &mut self,
+        store: usize,
+        keys: impl Iterator<Item = &'k [u8]>,
+    ) -> wasmtime::Result<Vec<Option<Vec<u8>>>> {
+        let refs: Vec<&[u8]> = keys.collect();
+        let mut found = Vec::with_capacity(refs.len());
+        let r = self
+            .db
+            .get_sorted_with(store, &refs, |v| found.push(v.map(<[u8]>::to_vec)));
+        self.host_result(r)?;
+        Ok(found)
     }
 
     /// Looks `keys` (the guest's, in the current slot) up in the overlay, and reads those it
@@ -501,13 +511,7 @@ impl HostCtx {
         wanted.sort_unstable_by(|&a, &b| out[a].key.cmp(&out[b].key).then(a.cmp(&b)));
         let mut firsts = wanted;
         firsts.dedup_by(|b, a| out[*a].key == out[*b].key);
-        let refs: Vec<&[u8]> = firsts.iter().map(|&i| out[i].key.as_slice()).collect();
-        let mut found = Vec::with_capacity(refs.len());
-        let r = self
-            .db
-            .get_sorted_with(store, &refs, |v| found.push(v.map(<[u8]>::to_vec)));
-        drop(refs);
-        self.host_result(r)?;
+        let found = self.read_sorted(store, firsts.iter().map(|&i| out[i].key.as_slice()))?;
         // Only a key's first use takes the value: a later one finds the first one's write.
         for (&i, v) in firsts.iter().zip(found) {
             let a = &mut out[i];
