@@ -88,6 +88,93 @@ async fn topics_are_read_and_written_the_moment_they_are_created() -> anyhow::Re
     .await?
 }
 
+/// A commit's changelog records go to librdkafka in one call per partition (`send_many`):
+/// they land in order with their keys and values (a missing value stays a tombstone), on a
+/// topic the producer has no metadata of yet; a queue far smaller than the batch is waited out;
+/// the offsets a flush reports are the last ones written; a record Kafka can never take fails
+/// the call, named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_sent_in_one_call_land_in_their_partition_and_a_refusal_is_named()
+-> anyhow::Result<()> {
+    use baton::transport::kafka::{KafkaConfig, KafkaTransport};
+    use baton::transport::{TopicKind, Transport};
+    let _k = kafka_shared().await;
+    tokio::task::spawn_blocking(|| -> anyhow::Result<()> {
+        let mut config = KafkaConfig::new(kafka_bootstrap());
+        // A queue of 100 records, for calls of up to 334: they wait for room.
+        config.settings = vec![("queue.buffering.max.messages".into(), "100".into())];
+        let t = KafkaTransport::connect(config)?;
+        let topic = unique("send-many");
+        t.ensure_topic(&topic, 3, TopicKind::Data)?;
+        let keys: Vec<Vec<u8>> = (0..1000).map(|i| format!("k{i}").into_bytes()).collect();
+        let values: Vec<Vec<u8>> = (0..1000).map(|i| format!("v{i}").into_bytes()).collect();
+        let value = |i: usize| (i % 7 != 3).then(|| values[i].as_slice());
+        let of = |p: u32| -> Vec<usize> { (0..1000).filter(|i| i % 3 == p as usize).collect() };
+        let producer = t.batch_producer(&unique("send-many-txn"))?;
+        producer.init_transactions()?;
+        let group = t.input_consumer(&unique("send-many-group"))?;
+        producer.begin()?;
+        for p in 0..3u32 {
+            producer.send_many(
+                &topic,
+                p,
+                of(p).into_iter().map(|i| (keys[i].as_slice(), value(i))),
+            )?;
+        }
+        let written = producer.flush()?;
+        producer.commit(&[(topic.clone(), 0, 0)], &group.group_metadata()?)?;
+        let text =
+            |b: &Option<Vec<u8>>| b.as_ref().map(|b| String::from_utf8_lossy(b).into_owned());
+        let read = baton_tests::read_committed_raw(&topic, 3)?;
+        for p in 0..3u32 {
+            let sent = of(p);
+            assert_eq!(
+                written.get(&(topic.clone(), p)),
+                Some(&(sent.len() as u64 - 1)),
+                "the last offset written to {topic}/{p}: {written:?}"
+            );
+            let got: Vec<(Option<String>, Option<String>)> = read
+                .iter()
+                .filter(|(at, _, _)| *at == p)
+                .map(|(_, k, v)| (text(k), text(v)))
+                .collect();
+            let want: Vec<(Option<String>, Option<String>)> = sent
+                .iter()
+                .map(|&i| (Some(format!("k{i}")), value(i).map(|_| format!("v{i}"))))
+                .collect();
+            assert!(
+                got == want,
+                "{topic}/{p} holds its records in order: {} of {} read, the first {:?}",
+                got.len(),
+                want.len(),
+                got.first()
+            );
+        }
+
+        // Over librdkafka's largest record (1,000,000 bytes): refused for good, named.
+        let huge = vec![b'x'; 2_000_000];
+        producer.begin()?;
+        let err = producer
+            .send_many(
+                &topic,
+                2,
+                [
+                    (b"small".as_slice(), Some(b"v".as_slice())),
+                    (b"huge", Some(&huge)),
+                ],
+            )
+            .expect_err("a record over the size limit is refused");
+        producer.abort();
+        assert!(
+            matches!(&err, TransportError::Refused(m) if m.contains(&format!("{topic}/2"))),
+            "{err:?}"
+        );
+        t.delete_topics(&[topic])?;
+        Ok(())
+    })
+    .await?
+}
+
 /// The input consumer reads in batches but hands over what is there: one record on a quiet
 /// topic comes back as soon as it is fetched, not when a full batch would be (or the wait ends);
 /// records of several partitions, headers and timestamps come back as they were produced.

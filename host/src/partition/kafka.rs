@@ -855,15 +855,30 @@ impl Drop for Committer {
 
 impl CommitterState {
     fn send_batch(&self, batch: &Batch) -> anyhow::Result<()> {
+        // The changelog records of each store and slot in one call: at millions of keys there
+        // is one per input record.
+        type Run<'a> = ((usize, u32), Vec<(&'a [u8], Option<&'a [u8]>)>);
+        let mut runs: Vec<Run<'_>> = Vec::new();
         for w in batch.writes.iter() {
-            let slot = u32::from_be_bytes(w.key[..4].try_into()?);
-            self.producer.send_parts(
-                &self.changelogs[w.store],
-                slot,
-                Some(&w.key[4..]),
-                w.value,
-                crate::control::now_ms(),
-            )?;
+            let (slot, key) = w
+                .key
+                .split_first_chunk::<4>()
+                .ok_or_else(|| anyhow::anyhow!("a state key without its slot: {:?}", w.key))?;
+            let at = (w.store, u32::from_be_bytes(*slot));
+            // Writes come grouped by store and key: the last run is nearly always the one.
+            let last = runs.len().checked_sub(1).filter(|&i| runs[i].0 == at);
+            let run = match last.or_else(|| runs.iter().position(|(to, _)| *to == at)) {
+                Some(i) => i,
+                None => {
+                    runs.push((at, Vec::new()));
+                    runs.len() - 1
+                }
+            };
+            runs[run].1.push((key, w.value));
+        }
+        for ((store, slot), records) in runs {
+            self.producer
+                .send_many(&self.changelogs[store], slot, records)?;
         }
         for o in &batch.outputs {
             self.producer.send(&o.topic, o.partition, &o.record)?;

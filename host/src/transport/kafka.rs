@@ -1859,8 +1859,9 @@ struct OffsetContext {
 /// What deliveries told since the last flush.
 #[derive(Default)]
 struct Delivered {
-    /// Highest offset per topic partition.
-    offsets: HashMap<(String, u32), u64>,
+    /// Highest offset per topic partition: a short list (a partition's changelog and output
+    /// partitions), searched without making a key per delivered record.
+    offsets: Vec<((String, u32), u64)>,
     /// The first delivery error, and whether Kafka refused that record for good.
     error: Option<(String, bool)>,
 }
@@ -1878,11 +1879,16 @@ impl ProducerContext for OffsetContext {
         }
         match result {
             Ok(m) => {
-                let e = st
+                let (topic, partition) = (m.topic(), m.partition() as u32);
+                let offset = m.offset().max(0) as u64;
+                match st
                     .offsets
-                    .entry((m.topic().to_string(), m.partition() as u32))
-                    .or_insert(0);
-                *e = (*e).max(m.offset().max(0) as u64);
+                    .iter_mut()
+                    .find(|((t, p), _)| *p == partition && t == topic)
+                {
+                    Some((_, e)) => *e = (*e).max(offset),
+                    None => st.offsets.push(((topic.to_string(), partition), offset)),
+                }
             }
             Err((err, m)) => {
                 let refused = refuses_for_good(err.rdkafka_error_code());
@@ -1967,6 +1973,40 @@ impl BatchProducer {
         )
     }
 
+    /// Sends records without headers, `(key, value)` each, to `topic`/`partition`, in one call
+    /// into librdkafka ([`super::rdbatch::produce_many`]): a commit's changelog records. Their
+    /// timestamp is the time of the call. Waits for room in the queue when it is full, as
+    /// [`BatchProducer::send`] does.
+    pub fn send_many<'a>(
+        &self,
+        topic: &str,
+        partition: u32,
+        records: impl IntoIterator<Item = (&'a [u8], Option<&'a [u8]>)>,
+    ) -> Result<(), TransportError> {
+        let ctx = self.producer.context();
+        super::rdbatch::produce_many(
+            self.producer.client(),
+            &ctx.pending,
+            topic,
+            partition,
+            records,
+            Duration::from_secs(60),
+        )
+        .map_err(|e| match e {
+            super::rdbatch::ProduceError::Topic => kerr(
+                &format!("producing to {topic}"),
+                "the topic's name has a NUL, or librdkafka gave no handle for it",
+            ),
+            super::rdbatch::ProduceError::Record { code } => {
+                if refuses_for_good(Some(code)) {
+                    TransportError::Refused(format!("producing to {topic}/{partition}: {code}"))
+                } else {
+                    kerr(&format!("producing to {topic}/{partition}"), code)
+                }
+            }
+        })
+    }
+
     #[allow(clippy::result_large_err)] // rdkafka's own error type: the record comes back in it
     fn send_made_of(
         &self,
@@ -2007,7 +2047,7 @@ impl BatchProducer {
                 ));
             }
         }
-        let offsets = std::mem::take(&mut st.offsets);
+        let offsets = std::mem::take(&mut st.offsets).into_iter().collect();
         match st.error.take() {
             Some((e, true)) => return Err(TransportError::Refused(e)),
             Some((e, false)) => return Err(TransportError::Kafka(e)),

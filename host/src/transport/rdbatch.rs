@@ -1,4 +1,5 @@
-//! Batch reads from librdkafka, below rust-rdkafka: the only unsafe code of the transport.
+//! Batch reads from librdkafka, below rust-rdkafka, and batch writes ([`produce_many`]): the
+//! only unsafe code of the transport.
 //!
 //! rust-rdkafka's `poll` returns one record per call; each call reads the clock, takes the
 //! queue's lock and allocates an event handle. At hundreds of thousands of records a second
@@ -9,8 +10,8 @@
 
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -276,4 +277,116 @@ impl RawMessage {
             },
         }
     }
+}
+
+/// Why [`produce_many`] failed.
+#[derive(Debug)]
+pub(super) enum ProduceError {
+    /// No topic handle: a NUL in its name, or librdkafka refused it.
+    Topic,
+    /// librdkafka refused a record: the first such, by its code.
+    Record { code: RDKafkaErrorCode },
+}
+
+/// Enqueues `records`, `(key, value)` each, without headers, to `topic`/`partition` with
+/// `rd_kafka_produce_batch`: one topic handle, one partition lookup and one clock read for all
+/// of them. Sent one by one through rust-rdkafka, each record looked its topic up by name under
+/// the client's lock, parsed a list of arguments and read the clock: at 10M keys, where a commit
+/// holds a changelog record per input record, that was 9% of the host's CPU (a third of the
+/// committer's); in one call it is 4%.
+///
+/// One partition per call: librdkafka's path for records that name their partitions adds
+/// "the partition not yet known" to a transaction when the producer has no metadata of the
+/// topic yet, where the path for one partition holds them until it knows the topic, as
+/// sending one by one does.
+///
+/// `pending` counts records enqueued and not yet delivered, as the producer's delivery callback
+/// (which expects no opaque) counts them down. A full queue is waited out, up to `patience`;
+/// any other refusal fails the call (the records before it may be enqueued: the caller's
+/// transaction is aborted).
+pub(super) fn produce_many<'a, C: rdkafka::client::ClientContext>(
+    client: &rdkafka::client::Client<C>,
+    pending: &AtomicUsize,
+    topic: &str,
+    partition: u32,
+    records: impl IntoIterator<Item = (&'a [u8], Option<&'a [u8]>)>,
+    patience: Duration,
+) -> Result<(), ProduceError> {
+    let mut msgs: Vec<rd::rd_kafka_message_t> = records
+        .into_iter()
+        .map(|(key, value)| {
+            // SAFETY: a plain C struct, for which all zeroes is a valid value (null pointers).
+            let mut m: rd::rd_kafka_message_t = unsafe { std::mem::zeroed() };
+            m.key = key.as_ptr() as *mut c_void;
+            m.key_len = key.len();
+            if let Some(v) = value {
+                m.payload = v.as_ptr() as *mut c_void;
+                m.len = v.len();
+            }
+            m
+        })
+        .collect();
+    if msgs.is_empty() {
+        return Ok(());
+    }
+    let name = CString::new(topic).map_err(|_| ProduceError::Topic)?;
+    // SAFETY: the client is alive for the call; the handle taken is given back by `TopicRef`.
+    let rkt =
+        unsafe { rd::rd_kafka_topic_new(client.native_ptr(), name.as_ptr(), std::ptr::null_mut()) };
+    if rkt.is_null() {
+        return Err(ProduceError::Topic);
+    }
+    struct TopicRef(*mut rd::rd_kafka_topic_t);
+    impl Drop for TopicRef {
+        fn drop(&mut self) {
+            // SAFETY: taken by `rd_kafka_topic_new`, given back once.
+            unsafe { rd::rd_kafka_topic_destroy(self.0) }
+        }
+    }
+    let rkt = TopicRef(rkt);
+    let ok =
+        |m: &rd::rd_kafka_message_t| m.err == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR;
+    let deadline = Instant::now() + patience;
+    let mut from = 0;
+    while from < msgs.len() {
+        let chunk = &mut msgs[from..];
+        // Counted before any of them can be delivered.
+        pending.fetch_add(chunk.len(), Ordering::AcqRel);
+        // SAFETY: the keys and values outlive the call, which copies them
+        // (`RD_KAFKA_MSG_F_COPY`); the messages carry no opaque.
+        let taken = unsafe {
+            rd::rd_kafka_produce_batch(
+                rkt.0,
+                partition as i32,
+                rd::RD_KAFKA_MSG_F_COPY,
+                chunk.as_mut_ptr(),
+                chunk.len() as i32,
+            )
+        };
+        let taken = usize::try_from(taken).unwrap_or(0).min(chunk.len());
+        pending.fetch_sub(chunk.len() - taken, Ordering::AcqRel);
+        if taken == chunk.len() {
+            return Ok(());
+        }
+        let code = |m: &rd::rd_kafka_message_t| RDKafkaErrorCode::from(m.err);
+        if let Some(m) = chunk
+            .iter()
+            .find(|m| !ok(m) && code(m) != RDKafkaErrorCode::QueueFull)
+        {
+            return Err(ProduceError::Record { code: code(m) });
+        }
+        // A full queue: the records from the first one refused on were all refused.
+        let first = chunk.iter().position(|m| !ok(m)).unwrap_or(chunk.len());
+        if first == chunk.len() || Instant::now() >= deadline {
+            return Err(ProduceError::Record {
+                code: RDKafkaErrorCode::QueueFull,
+            });
+        }
+        for m in &mut chunk[first..] {
+            m.err = rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR;
+        }
+        from += first;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
 }
