@@ -199,11 +199,31 @@ impl Writes {
 
     /// Every write, in (store, key) order: RocksDB's memtable reuses its skiplist splice from
     /// one insert to the next.
+    ///
+    /// Sorted on the keys' first 16 bytes held beside them, the whole keys compared only where
+    /// those are equal: compared in place, every comparison read two keys from wherever the map
+    /// put them, and at 10M keys the sort was a tenth of the committer's time.
     pub fn sorted(&self) -> Vec<WriteRef<'_>> {
-        let mut v: Vec<WriteRef<'_>> = self.iter().collect();
-        v.sort_unstable_by(|a, b| (a.store, a.key).cmp(&(b.store, b.key)));
-        v
+        let mut v: Vec<(usize, u128, WriteRef<'_>)> = self
+            .iter()
+            .map(|w| (w.store, key_prefix(w.key), w))
+            .collect();
+        v.sort_unstable_by(|a, b| {
+            (a.0, a.1)
+                .cmp(&(b.0, b.1))
+                .then_with(|| a.2.key.cmp(b.2.key))
+        });
+        v.into_iter().map(|(_, _, w)| w).collect()
     }
+}
+
+/// A key's first 16 bytes as a big-endian number, zeros past its end: ordered as the keys are
+/// where the numbers differ (a shorter key is a prefix of the other or smaller at a byte).
+fn key_prefix(key: &[u8]) -> u128 {
+    let mut b = [0u8; 16];
+    let n = key.len().min(16);
+    b[..n].copy_from_slice(&key[..n]);
+    u128::from_be_bytes(b)
 }
 
 /// The hasher of every map of the overlay: foldhash, fast, and seeded at random once per
@@ -769,6 +789,39 @@ mod tests {
             }]
         );
         assert!(o.is_empty());
+    }
+
+    /// Keys sharing long prefixes, shorter and longer than the 16 bytes sorted on first, with
+    /// zero and 0xff bytes where a key ends: the commit's order is the bytes' order, by store.
+    #[test]
+    fn writes_are_sorted_by_store_then_key_bytes_whatever_their_prefixes() {
+        let mut o = Overlay::default();
+        let mut want = Vec::new();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..2000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let store = (seed % 3) as usize;
+            let len = (seed >> 8) as usize % 22;
+            // Mostly "slot-and-word-..." prefixes, then bytes from {0, 1, 0xff}.
+            let mut key = b"\0\0\0\x02key-0000"[..len.min(12)].to_vec();
+            for i in key.len()..len {
+                key.push([0u8, 1, 0xff][((seed >> (i % 48)) % 3) as usize]);
+            }
+            if !want.contains(&(store, key.clone())) {
+                want.push((store, key.clone()));
+            }
+            o.put(store, key, Some(b"v".to_vec()));
+        }
+        want.sort();
+        let w = o.take();
+        let got: Vec<(usize, Vec<u8>)> = w
+            .sorted()
+            .iter()
+            .map(|w| (w.store, w.key.to_vec()))
+            .collect();
+        assert_eq!(got, want);
     }
 
     #[test]
