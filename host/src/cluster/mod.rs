@@ -203,12 +203,14 @@ impl Hosts {
             .any(|h| h.id == self.host_id && h.alive && h.controller)
     }
 
-    /// The API's base URL of host `id`, if the membership knows it.
+    /// The API's base URL of host `id`, if the membership knows it: not before this host has
+    /// read that host's first load report.
     pub fn address_of(&self, id: &str) -> Option<String> {
         self.all()
             .into_iter()
             .find(|h| h.id == id)
             .map(|h| h.address)
+            .filter(|a| !a.is_empty())
     }
 
     /// The live controller other than this host, as (id, address), if there is one.

@@ -79,7 +79,7 @@ pub(super) async fn to_controller(
         }
         None
     } else {
-        baton.other_controller()
+        controller_with_address(|| baton.other_controller(), ADDRESS_WAIT).await
     };
     let req = match controller {
         None => req,
@@ -125,6 +125,35 @@ pub(super) async fn to_controller(
         r.headers_mut().insert(HANDLED_BY, v);
     }
     r
+}
+
+/// How long a call waits for the controller's address, when the group names a controller
+/// whose first report this host has not read yet (a host that just joined, or just started).
+const ADDRESS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The live controller other than this host (as `other` finds it), as (id, address), once its
+/// address is known. A controller whose address does not come within `wait` is treated as one
+/// that cannot be reached: the call runs here, and the control log's order decides.
+async fn controller_with_address(
+    other: impl Fn() -> Option<(String, String)>,
+    wait: std::time::Duration,
+) -> Option<(String, String)> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        match other() {
+            Some((id, address)) if address.is_empty() => {
+                if tokio::time::Instant::now() > deadline {
+                    tracing::warn!(
+                        controller = %id,
+                        "the controller's address is not known after {wait:?}; running the call here"
+                    );
+                    return None;
+                }
+            }
+            found => return found,
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 pub(super) enum Forward {
@@ -190,7 +219,7 @@ pub(super) async fn send(
         }
     }
     let answer = req.send().await.map_err(|e| {
-        if e.is_connect() {
+        if e.is_connect() || e.is_builder() {
             Forward::NotSent(e.to_string())
         } else {
             Forward::Failed(e.to_string())
@@ -239,5 +268,33 @@ mod tests {
         assert!(!on(Method::POST, "/api/v1/partitions/p-0/drain"));
         assert!(!on(Method::POST, "/api/v1/topics/t/records"));
         assert!(!on(Method::GET, "/api/v1/pipelines/p/stores/s/keys/k"));
+    }
+
+    #[tokio::test]
+    async fn a_call_waits_for_the_controllers_address_and_runs_here_without_one() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let wait = std::time::Duration::from_millis(300);
+        // The group names host a before this host has read a's first report: the call waits
+        // for the address, and then goes there.
+        let asked = AtomicU32::new(0);
+        let later = || {
+            let n = asked.fetch_add(1, Ordering::Relaxed);
+            let address = if n < 5 { "" } else { "http://127.0.0.1:1" };
+            Some(("a".to_string(), address.to_string()))
+        };
+        assert_eq!(
+            controller_with_address(later, wait).await,
+            Some(("a".to_string(), "http://127.0.0.1:1".to_string()))
+        );
+        assert_eq!(asked.load(Ordering::Relaxed), 6);
+        // An address that never comes: the call runs here once the wait is over, not sooner.
+        let start = tokio::time::Instant::now();
+        let never = || Some(("a".to_string(), String::new()));
+        assert_eq!(controller_with_address(never, wait).await, None);
+        assert!(start.elapsed() >= wait);
+        // No other controller (this host is the controller): at once.
+        let start = tokio::time::Instant::now();
+        assert_eq!(controller_with_address(|| None, wait).await, None);
+        assert!(start.elapsed() < wait);
     }
 }
