@@ -289,8 +289,8 @@ def drop_topics():
 def breakdown(host):
     """The parts of a host's memory from a `GET /api/v1/host` answer, in MiB."""
     mem, heap = host.get("state_memory") or {}, host.get("heap") or {}
-    parts = [(k, mem.get(k)) for k in ("block_cache_usage", "memtable_usage", "hot_cache_usage",
-                                        "table_readers_bytes")]
+    parts = [(k, mem.get(k)) for k in ("block_cache_usage", "block_cache_capacity",
+                                        "memtable_usage", "hot_cache_usage", "table_readers_bytes")]
     parts += [(f"heap {k}", heap.get(k)) for k in ("allocated", "active", "resident")]
     return ", ".join(f"{k} {mib(v)}" for k, v in parts if v is not None)
 

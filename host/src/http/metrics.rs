@@ -380,7 +380,13 @@ fn text(baton: &crate::Baton) -> String {
         (
             "baton_block_cache_capacity_bytes",
             "gauge",
-            "The --state-memory bound.",
+            "The block cache's capacity now: its share of --state-memory, less what the rest of the heap holds over its allowance.",
+            mem.block_cache_capacity as f64,
+        ),
+        (
+            "baton_state_memory_bound_bytes",
+            "gauge",
+            "The --state-memory bound: block cache, memtables and hot-key caches together.",
             mem.bound as f64,
         ),
         (

@@ -97,6 +97,9 @@ pub struct StateEnv {
     memory: usize,
     /// Bytes of the block cache (what `memory` leaves after the hot-key caches).
     cache_capacity: usize,
+    /// The block cache's capacity now: `cache_capacity`, less what the rest of the heap holds
+    /// over [`HEAP_BESIDE_STATE`] ([`StateEnv::fit_cache_to_heap`]).
+    cache_now: std::sync::atomic::AtomicUsize,
     /// Database options shared by every partition; their copies share one statistics object,
     /// so block-cache hits and misses are counted per host.
     db_options: Options,
@@ -138,6 +141,9 @@ pub struct MemoryReport {
     pub block_cache_pinned: usize,
     /// Bytes of memtables across all partitions.
     pub memtable_usage: usize,
+    /// The block cache's capacity now: less than its share of the bound while the rest of the
+    /// heap holds more than [`HEAP_BESIDE_STATE`].
+    pub block_cache_capacity: usize,
     /// Bytes the partitions' hot-key caches hold.
     pub hot_cache_usage: usize,
     /// Bytes of index and filter blocks in the block cache (partitions and top levels), from
@@ -180,6 +186,7 @@ impl StateEnv {
             write_buffers,
             memory,
             cache_capacity,
+            cache_now: std::sync::atomic::AtomicUsize::new(cache_capacity),
             db_options,
             open: Default::default(),
             checkpoints: Default::default(),
@@ -236,6 +243,7 @@ impl StateEnv {
             block_cache_usage: self.cache_usage(),
             block_cache_pinned: self.cache_pinned(),
             memtable_usage: self.memtable_usage(),
+            block_cache_capacity: self.cache_capacity_now(),
             hot_cache_usage: self.hot_usage(),
             index_filter_bytes,
             table_readers_bytes: sum("rocksdb.estimate-table-readers-mem"),
@@ -243,6 +251,49 @@ impl StateEnv {
             write_stall_micros: self.db_options.get_ticker_count(Ticker::StallMicros),
             block_cache: self.cache_stats(),
         }
+    }
+
+    /// Gives the block cache what the rest of the heap leaves it: of the `resident` bytes
+    /// (jemalloc's count of the heap's physical memory, for the whole process), what neither
+    /// the cache nor the hot-key caches hold is the host's other memory (Kafka clients' queues,
+    /// batches in flight, Wasm instances, compactions' buffers, freed pages not yet handed
+    /// back). Past [`HEAP_BESIDE_STATE`] plus [`HEAP_PER_PARTITION`]
+    /// per open partition, the cache shrinks by as much, and grows back as it falls, so that the process stays within `--state-memory` plus
+    /// a fixed allowance however many partitions it runs; never below half its capacity. Returns
+    /// the capacity in force.
+    pub fn fit_cache_to_heap(&self, resident: usize) -> usize {
+        use std::sync::atomic::Ordering::Relaxed;
+        let partitions = self
+            .open
+            .lock()
+            .values()
+            .filter(|db| db.strong_count() > 0)
+            .count();
+        let target = cache_capacity_for(
+            self.cache_capacity,
+            resident,
+            self.cache.get_usage(),
+            self.hot.used(),
+            partitions,
+        );
+        let now = self.cache_now.load(Relaxed);
+        if target.abs_diff(now) < CACHE_STEP {
+            return now;
+        }
+        self.cache.clone().set_capacity(target);
+        self.cache_now.store(target, Relaxed);
+        if target < now {
+            tracing::debug!(
+                capacity_mib = target >> 20,
+                "the block cache gives way to the rest of the heap"
+            );
+        }
+        target
+    }
+
+    /// The block cache's capacity now ([`StateEnv::fit_cache_to_heap`]).
+    pub fn cache_capacity_now(&self) -> usize {
+        self.cache_now.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The configured bound in bytes.
@@ -527,6 +578,59 @@ const MEMTABLE_FILTER_RATIO: &str = "0.02";
 /// a host spent a sixth less CPU per record; the write-buffer manager still bounds the
 /// memtables of all partitions together.
 const BUSY_WRITE_BUFFER: &str = "67108864";
+
+/// Resident heap a host may hold beside its state before its block cache gives way
+/// ([`StateEnv::fit_cache_to_heap`]), plus [`HEAP_PER_PARTITION`] per open partition. The RSS
+/// of a host may be `--state-memory` + 256 MiB; about 20 MiB of it is outside the heap (code,
+/// stacks), and 20 MiB is kept as a margin.
+pub const HEAP_BESIDE_STATE: usize = 216 << 20;
+
+/// Heap each open partition database may add to [`HEAP_BESIDE_STATE`]: its guest instance,
+/// Kafka queues and batches in flight at their smallest (64 partitions under
+/// `--state-memory 64MiB` hold about 4 MiB each beside the state: the `memory` test).
+pub const HEAP_PER_PARTITION: usize = 4 << 20;
+
+/// How often [`fit_cache_to_heap_in_background`] looks at the heap.
+const FIT_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Starts a thread that fits the block cache to the heap ([`StateEnv::fit_cache_to_heap`])
+/// every [`FIT_EVERY`] while `env` lives. It stops at once where the process has no jemalloc
+/// statistics (test binaries on another allocator).
+pub fn fit_cache_to_heap_in_background(env: &Arc<StateEnv>) {
+    let env = Arc::downgrade(env);
+    let spawned = std::thread::Builder::new()
+        .name("baton-memory".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(FIT_EVERY);
+                let Some(env) = env.upgrade() else { return };
+                let Some(heap) = crate::heap::report() else {
+                    return;
+                };
+                env.fit_cache_to_heap(usize::try_from(heap.resident).unwrap_or(usize::MAX));
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("the block cache keeps its capacity whatever the heap holds: {e}");
+    }
+}
+
+/// Changes of the cache's capacity smaller than this are not made.
+const CACHE_STEP: usize = 4 << 20;
+
+/// The block cache's capacity (of at most `full`) when the heap holds `resident` bytes, of
+/// which the cache holds `cache` and the hot-key caches `hot`, and `partitions` databases open.
+fn cache_capacity_for(
+    full: usize,
+    resident: usize,
+    cache: usize,
+    hot: usize,
+    partitions: usize,
+) -> usize {
+    let beside = resident.saturating_sub(cache + hot);
+    let over = beside.saturating_sub(HEAP_BESIDE_STATE + partitions * HEAP_PER_PARTITION);
+    full.saturating_sub(over).max(full / 2)
+}
 
 /// A store's options in its normal mode (RocksDB's defaults) and while a restore bulk-loads it
 /// ([`PartitionDb::bulk_load`]): four times as many level-0 files before a compaction.
@@ -1250,6 +1354,93 @@ mod tests {
         );
         assert_eq!(cache_role_bytes(text, cap, &["DataBlock"]), 5243);
         assert_eq!(cache_role_bytes("no stats", cap, &["DataBlock"]), 0);
+    }
+
+    #[test]
+    fn the_block_cache_gives_way_to_the_rest_of_the_heap_and_takes_it_back() {
+        const MIB: usize = 1 << 20;
+        let full = 448 * MIB;
+        // Four partitions of 12.5M keys at their RSS peak: a resident heap of 754 MiB, 435 in
+        // the cache, 6 in hot-key caches, 313 beside them: 81 over the allowance of 216 + 4 x 4.
+        let resident = 754 * MIB;
+        assert_eq!(
+            cache_capacity_for(full, resident, 435 * MIB, 6 * MIB, 4),
+            full - 81 * MIB
+        );
+        // The same heap over 64 partitions is within their allowance.
+        assert_eq!(
+            cache_capacity_for(full, resident, 435 * MIB, 6 * MIB, 64),
+            full
+        );
+        // Within the allowance, the cache keeps its whole share; never less than half.
+        assert_eq!(
+            cache_capacity_for(full, 560 * MIB, 446 * MIB, 7 * MIB, 1),
+            full
+        );
+        assert_eq!(
+            cache_capacity_for(full, 4096 * MIB, 446 * MIB, 0, 1),
+            full / 2
+        );
+
+        // A real cache: given less, the blocks read next evict it down to its new capacity.
+        let dir = tempfile::tempdir().unwrap();
+        let env = StateEnv::new(64 << 20);
+        let share = 56 * MIB;
+        assert_eq!(env.report().block_cache_capacity, share);
+        let stores = vec!["counts".to_string()];
+        let db = env.open_shared(dir.path(), &stores).unwrap();
+        let mut noise = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut value = || -> Vec<u8> {
+            (0..128)
+                .flat_map(|_| {
+                    noise ^= noise << 13;
+                    noise ^= noise >> 7;
+                    noise ^= noise << 17;
+                    noise.to_le_bytes()
+                })
+                .collect()
+        };
+        let key = |set: u32, i: u32| slot_key(0, format!("key-{set}-{i:06}").as_bytes());
+        // Two sets of 48 MiB each, on disk.
+        for set in 0..2 {
+            for chunk in 0..12u32 {
+                let writes: Vec<WriteOp> = (chunk * 4096..(chunk + 1) * 4096)
+                    .map(|i| WriteOp {
+                        store: 0,
+                        key: key(set, i),
+                        value: Some(value()),
+                    })
+                    .collect();
+                db.commit(writes.iter().map(WriteOp::as_ref), &[]).unwrap();
+            }
+        }
+        db.db.flush_cf(db.cf(0).unwrap()).unwrap();
+        let read = |set: u32| {
+            for i in 0..12 * 4096 {
+                assert!(db.get(0, &key(set, i)).unwrap().is_some());
+            }
+        };
+        read(0);
+        let filled = env.cache_usage();
+        assert!(filled > 40 * MIB, "48 MiB read: the cache holds {filled}");
+        // The rest of the heap holds 20 MiB over its allowance (one partition open).
+        let allowance = HEAP_BESIDE_STATE + HEAP_PER_PARTITION;
+        let allocated = filled + env.hot_usage() + allowance + 20 * MIB;
+        assert_eq!(env.fit_cache_to_heap(allocated), share - 20 * MIB);
+        assert_eq!(env.report().block_cache_capacity, share - 20 * MIB);
+        read(1);
+        let after = env.cache_usage();
+        assert!(
+            after <= share - 20 * MIB + 2 * MIB,
+            "the other 48 MiB read: the cache holds {after} over its capacity of {}",
+            share - 20 * MIB
+        );
+        // A change under 4 MiB is not made; the heap back within its allowance, the cache
+        // takes its whole share again.
+        let small = after + env.hot_usage() + allowance + 22 * MIB;
+        assert_eq!(env.fit_cache_to_heap(small), share - 20 * MIB);
+        assert_eq!(env.fit_cache_to_heap(after), share);
+        assert_eq!(env.report().block_cache_capacity, share);
     }
 
     #[test]
