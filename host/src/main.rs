@@ -438,6 +438,9 @@ fn run(args: RunArgs, token: Option<String>) -> anyhow::Result<()> {
     let cluster = config.cluster.clone();
     let baton =
         Baton::open(config).with_context(|| format!("opening data dir {}", data_dir.display()))?;
+    // One host per process here, so the heap jemalloc counts is this host's alone: its block
+    // cache may give way to the rest of it (not in a process of several hosts, such as tests).
+    baton::state::fit_cache_to_heap_in_background(baton.state_env());
     if let Some(e) = &otlp {
         baton::otlp::start(e, baton.host_id(), &cluster).map_err(anyhow::Error::msg)?;
     }

@@ -186,7 +186,6 @@ impl Baton {
         };
         let transport = log.transport().clone();
         let state = Arc::new(StateEnv::new(config.state_memory));
-        crate::state::fit_cache_to_heap_in_background(&state);
         let checkpoint_store = Arc::new(
             crate::state::checkpoint::CheckpointStore::open(
                 &config.checkpoints_url(),
