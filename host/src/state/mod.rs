@@ -348,27 +348,36 @@ impl StateEnv {
     fn cf_options(&self) -> Options {
         let mut b = BlockBasedOptions::default();
         b.set_block_cache(&self.cache);
-        // Index and filters in partitions of about 4 KiB, each a block of the cache like a data
-        // block, under a small top level that stays pinned. A full filter or index is one block
-        // per SST file: at millions of keys it is megabytes, and once such blocks outgrow their
-        // share of the cache every lookup reads, checksums and drops one (the collapse of a
-        // partition with 12M keys to 136 records/s). A partitioned lookup reads 4 KiB at worst.
+        // The index in partitions, each a block of the cache like a data block, under a small
+        // top level that stays pinned. A whole index is one block per SST file: at millions of
+        // keys it is megabytes, and once such blocks outgrow their share of the cache every
+        // lookup reads, checksums and drops one (the collapse of a partition with 12M keys to
+        // 136 records/s).
         b.set_index_type(BlockBasedIndexType::TwoLevelIndexSearch);
-        b.set_partition_filters(true);
         b.set_cache_index_and_filter_blocks(true);
         b.set_cache_index_and_filter_blocks_with_high_priority(true);
         b.set_pin_top_level_index_and_filter(true);
-        // Every partition of the index and filters is pinned in the cache while its file is
-        // open (it is still charged to the cache, so `--state-memory` holds): a lookup then
-        // finds the partition it needs through the table reader, without a cache lookup, and
-        // no lookup ever reads one from disk. They are about 4 bytes per key (41 MiB at 10M
-        // keys of word-count), a small share of the cache beside the data blocks they index.
+        // Every partition of the index is pinned in the cache while its file is open (still
+        // charged to the cache, so `--state-memory` holds): a lookup finds the partition it
+        // needs through the table reader, without a cache lookup, and never reads one from disk.
         b.set_partition_pinning_tier(rocksdb::BlockBasedTablePinningTier::All);
-        // Partitions of 64 KiB rather than 4 KiB: the top level that every lookup of every
-        // file searches first is a sixteenth the size, and stays in the CPU's caches. At 10M
-        // keys its binary search over 4 KiB partitions was a tenth of a partition thread. A
-        // partition is still tiny beside a shard of the cache.
+        // Partitions of 64 KiB rather than 4 KiB: the top level that every lookup of every file
+        // searches first is a sixteenth the size, and stays in the CPU's caches.
         b.set_metadata_block_size(64 << 10);
+        // A filter whole per SST file, pinned while the file is open: read once when the file
+        // opens, never dropped by the cache, so the collapse above (whole filters read again on
+        // every lookup once the cache dropped them) cannot come back. Partitioned filters made
+        // every lookup of every file first search the filters' top level (a binary search of
+        // key comparisons) for the one partition to probe: at 10M keys that was 9% of a
+        // partition thread, more than the probe itself. A file's filter is about 1.2 bytes per
+        // key (2-3 MiB for a file of the default 64 MiB), the same bytes as its partitions,
+        // still charged to the cache.
+        b.set_partition_filters(false);
+        b.set_unpartitioned_pinning_tier(rocksdb::BlockBasedTablePinningTier::All);
+        // Data blocks stay at 4 KiB. Blocks of 16 KiB ran 10M keys per partition (all in the
+        // cache) 15% faster, with a quarter of the index entries, but 50M keys per host (twice
+        // the cache) 20% slower: every block the cache does not hold is read and checksummed
+        // whole for one key.
         b.set_bloom_filter(10.0, false);
         b.set_optimize_filters_for_memory(true);
         // A hash index in each data block: a point lookup finds its key without a binary search
@@ -1460,6 +1469,80 @@ mod tests {
         let near = env.fit_cache_to_heap(over(3));
         assert!(near > far && near < share, "{far} then {near}");
         assert_eq!(env.fit_cache_to_heap(env.cache_usage()), share);
+    }
+
+    #[test]
+    fn filters_and_index_stay_pinned_while_data_blocks_turn_over_in_the_cache() {
+        // A cache of 14 MiB under 48 MB of state: data blocks come and go, but no lookup may
+        // read a filter or an index block again (a filter the cache had dropped, read again by
+        // every lookup, was the collapse of a partition of 12M keys to 136 records/s).
+        let dir = tempfile::tempdir().unwrap();
+        let env = StateEnv::new(16 << 20);
+        let stores = vec!["counts".to_string()];
+        let db = env.open_partition(dir.path(), &stores).unwrap();
+        let key = |i: u32| {
+            slot_key(
+                i % 4,
+                format!("user-{:010}", i.wrapping_mul(2_654_435_761)).as_bytes(),
+            )
+        };
+        const KEYS: u32 = 400_000;
+        // 100 bytes that do not compress, the key's number first.
+        let value = |i: u32| -> Vec<u8> {
+            let mut x = u64::from(i) | 1 << 40;
+            let mut v = i.to_be_bytes().to_vec();
+            while v.len() < 100 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                v.push(x as u8);
+            }
+            v
+        };
+        for round in 0..8 {
+            let writes: Vec<WriteOp> = (round * KEYS / 8..(round + 1) * KEYS / 8)
+                .map(|i| WriteOp {
+                    store: 0,
+                    key: key(i),
+                    value: Some(value(i)),
+                })
+                .collect();
+            let mut sorted: Vec<WriteRef<'_>> = writes.iter().map(WriteOp::as_ref).collect();
+            sorted.sort_by(|a, b| a.key.cmp(b.key));
+            db.commit(sorted, &[]).unwrap();
+            db.db.flush_cf(db.cf(0).unwrap()).unwrap();
+        }
+        // Files opened by compactions load their filters and index: let them settle first.
+        db.wait_for_compactions(std::time::Duration::from_secs(30))
+            .unwrap();
+        let before = env.cache_stats();
+        let useful = || env.db_options.get_ticker_count(Ticker::BloomFilterUseful);
+        let useful_before = useful();
+        for n in 0..20_000u32 {
+            let i = n.wrapping_mul(7_919) % KEYS;
+            let v = db.get(0, &key(i)).unwrap();
+            assert_eq!(v, Some(value(i)), "key {i}");
+            // Between present keys, so that no file's key range rules it out first.
+            let mut absent = key(i);
+            absent.push(b'!');
+            assert_eq!(db.get(0, &absent).unwrap(), None);
+        }
+        let after = env.cache_stats();
+        assert!(
+            after.data_misses > before.data_misses + 5_000,
+            "the cache did not turn over: {before:?} then {after:?}"
+        );
+        assert_eq!(
+            (after.filter_misses, after.index_misses),
+            (before.filter_misses, before.index_misses),
+            "filter or index blocks were read again"
+        );
+        // The filters answered the lookups of absent keys (but 1% of them), without a data block.
+        assert!(
+            useful() - useful_before > 19_000,
+            "{} lookups were answered by a filter",
+            useful() - useful_before
+        );
     }
 
     #[test]
